@@ -1,0 +1,1 @@
+"""geocont: geometric continuity experiments."""

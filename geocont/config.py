@@ -1,0 +1,301 @@
+"""Typed run and sweep configuration: pydantic models, YAML loading, dotted overrides, presets.
+
+Merge order, in one place (`resolve`): field defaults < preset < YAML < `--set` overrides.
+Every model forbids unknown keys and is frozen, so a typo fails when the config is created,
+never mid-run, and a config can cross a Ray process boundary as a plain dict.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+MLPActivation = Literal["relu", "gelu", "silu", "tanh", "none", "radial"]
+LMActivation = Literal["silu", "relu", "gelu", "none"]
+
+
+class ConfigError(ValueError):
+    """Bad user input. `problems` holds one line per problem, each naming the dotted path."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MLPConfig(_Strict):
+    """Residual MLP: input projection -> `depth` blocks of width `width` -> classifier head."""
+
+    kind: Literal["mlp"] = "mlp"
+    depth: PositiveInt = 16
+    width: PositiveInt = 256
+    residual: bool = True
+    activation: MLPActivation = "relu"
+    norm: Literal["none", "layernorm", "rmsnorm"] = "none"
+    init_std: PositiveFloat | None = None  # None: PyTorch's default init for the hidden blocks
+    bias: bool = True
+
+
+class TransformerConfig(_Strict):
+    """Llama-style decoder: RMSNorm pre-norm blocks, RoPE attention, gated MLP."""
+
+    kind: Literal["transformer"] = "transformer"
+    depth: PositiveInt = 8
+    width: PositiveInt = 512
+    heads: PositiveInt = 8
+    kv_heads: PositiveInt = 8
+    mlp_width: PositiveInt = 1376
+    activation: LMActivation = "silu"
+    residual: bool = True
+    norm: Literal["rmsnorm", "none"] = "rmsnorm"
+    init_std: PositiveFloat | None = None
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TransformerConfig:
+        if self.width % self.heads:
+            raise ValueError(f"model.width ({self.width}) must be divisible by model.heads ({self.heads})")
+        if (self.width // self.heads) % 2:
+            raise ValueError(f"model.width / model.heads must be even for RoPE, got {self.width // self.heads}")
+        if self.heads % self.kv_heads:
+            raise ValueError(f"model.heads ({self.heads}) must be divisible by model.kv_heads ({self.kv_heads})")
+        return self
+
+
+ModelConfig = Annotated[MLPConfig | TransformerConfig, Field(discriminator="kind")]
+
+
+class DataConfig(_Strict):
+    name: Literal["digits", "mnist", "stdlib", "text", "wikitext103"] = "digits"
+    path: str | None = None  # mnist: folder of IDX files; text: folder of text files
+    seq_len: PositiveInt = 256
+    val_fraction: float = Field(0.15, gt=0.0, lt=1.0)
+    tokenizer: Literal["bytes", "bpe"] = "bytes"  # language data only
+    vocab_size: PositiveInt = 4096  # bpe only
+
+    @model_validator(mode="after")
+    def _text_needs_path(self) -> DataConfig:
+        if self.name == "text" and not self.path:
+            raise ValueError("data.path is required when data.name is 'text' (a folder of text files)")
+        return self
+
+
+class OptimConfig(_Strict):
+    name: Literal["adam", "adamw", "sgd"] = "adam"
+    lr: PositiveFloat = 1.0e-3
+    beta1: float = Field(0.9, ge=0.0, lt=1.0)
+    beta2: float = Field(0.999, ge=0.0, lt=1.0)  # 0 is a paper ablation (no second-moment averaging)
+    weight_decay: float = Field(0.0, ge=0.0)
+
+
+class TrainConfig(_Strict):
+    epochs: PositiveInt = 30
+    batch_size: PositiveInt = 64
+    seed: int = Field(0, ge=0)
+    max_steps: PositiveInt | None = None
+    metrics_every_n_steps: PositiveInt | None = None
+    precision: Literal["32", "16-mixed", "bf16-mixed", "bf16-true"] = "32"
+    accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _precision_as_text(cls, data: Any) -> Any:
+        # YAML reads `precision: 32` as an int; Lightning's own spelling is the string "32".
+        if isinstance(data, dict) and isinstance(data.get("precision"), int) and not isinstance(
+            data.get("precision"), bool
+        ):
+            data = {**data, "precision": str(data["precision"])}
+        return data
+
+
+class WandbConfig(_Strict):
+    mode: Literal["offline", "online", "disabled"] = "offline"
+    project: str = "geocont"
+    entity: str | None = None
+
+
+class TrackingConfig(_Strict):
+    wandb: WandbConfig = WandbConfig()
+    tensorboard: bool = True
+
+
+class RunConfig(_Strict):
+    """One training run. Every field has a default; YAML keys are these names."""
+
+    model: ModelConfig = MLPConfig()
+    data: DataConfig = DataConfig()
+    optim: OptimConfig = OptimConfig()
+    train: TrainConfig = TrainConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    preset: str | None = None
+
+    @model_validator(mode="after")
+    def _data_fits_model(self) -> RunConfig:
+        language = self.data.name in ("stdlib", "text", "wikitext103")
+        if self.model.kind == "mlp" and language:
+            raise ValueError(f"data.name '{self.data.name}' is a text corpus; model.kind 'mlp' needs digits or mnist")
+        if self.model.kind == "transformer" and not language:
+            raise ValueError(
+                f"data.name '{self.data.name}' is an image set; model.kind 'transformer' needs stdlib, text or "
+                "wikitext103"
+            )
+        return self
+
+    def run_id(self) -> str:
+        """Content hash of everything that changes the result (tracking and the preset name do not)."""
+        payload = self.model_dump(mode="json", exclude={"tracking", "preset"})
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Dict plumbing: dotted paths, deep merge, presets
+
+
+def parse_value(text: str) -> Any:
+    """A `--set` value typed the way YAML would type it: 1e-3 -> float, true -> bool, null -> None."""
+    value = yaml.safe_load(text)
+    # YAML 1.1 reads "1e-3" as a string; users mean a number.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def set_dotted(tree: dict[str, Any], path: str, value: Any) -> None:
+    """tree['a']['b'] = value for path 'a.b', creating levels as needed."""
+    *parents, leaf = path.split(".")
+    node = tree
+    for key in parents:
+        child = node.setdefault(key, {})
+        if not isinstance(child, dict):
+            raise ConfigError([f"{path}: '{key}' is a value, not a section"])
+        node = child
+    node[leaf] = value
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A new dict: `override` on top of `base`, recursing into nested sections."""
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """['model.depth=4', ...] -> nested dict. Malformed pairs are reported together."""
+    tree: dict[str, Any] = {}
+    problems = []
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {pair!r}: expected dotted.path=value, e.g. model.activation=gelu")
+            continue
+        set_dotted(tree, key.strip(), parse_value(text))
+    if problems:
+        raise ConfigError(problems)
+    return tree
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_dict(name: str) -> dict[str, Any]:
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError([f"preset: unknown preset '{name}'; allowed: {', '.join(preset_names())}"])
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from disk, with a one-line error for a missing file or bad syntax."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: no such file"])
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark else ""
+        raise ConfigError([f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: expected a mapping of config sections, got {type(data).__name__}"])
+    return data
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation with errors worded the way the user typed them
+
+
+def describe_errors(err: ValidationError, prefix: str = "") -> list[str]:
+    """One line per pydantic error: 'dotted.path: what is wrong (what is allowed)'."""
+    lines = []
+    for e in err.errors(include_url=False):
+        # Discriminated unions add the tag ('mlp') to the location; users never typed it.
+        loc = [str(p) for p in e["loc"] if p not in ("mlp", "transformer")]
+        path = ".".join([prefix, *loc] if prefix else loc) if loc else (prefix or "config")
+        lines.append(f"{path}: {_explain(e)}")
+    return lines
+
+
+def _explain(e: dict[str, Any]) -> str:
+    kind, ctx, got = e["type"], e.get("ctx") or {}, e.get("input")
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "literal_error":
+        return f"got {got!r}; allowed: {ctx.get('expected', '')}"
+    if kind == "union_tag_invalid":
+        return f"unknown kind {ctx.get('tag')!r}; allowed: {ctx.get('expected_tags')}"
+    if kind == "value_error":
+        return str(ctx.get("error", e["msg"]))
+    return f"{e['msg'].lower()} (got {got!r})" if not isinstance(got, dict) else e["msg"].lower()
+
+
+def validate_run(raw: dict[str, Any], prefix: str = "") -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ConfigError(describe_errors(err, prefix)) from None
+
+
+def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, prefix: str = "") -> RunConfig:
+    """The one merge: defaults < preset < raw (YAML) < overrides (--set), then validation."""
+    merged = deep_merge(raw, overrides or {})
+    name = merged.get("preset")
+    if name is not None:
+        if not isinstance(name, str):
+            raise ConfigError([f"{prefix + '.' if prefix else ''}preset: expected a preset name, got {name!r}"])
+        merged = deep_merge(preset_dict(name), merged)
+        merged["preset"] = name
+    return validate_run(merged, prefix)
+
+
+def load_run(path: str | Path | None = None, sets: list[str] | None = None) -> RunConfig:
+    """A RunConfig from a YAML file (or only presets/overrides when path is None) plus `--set` pairs."""
+    raw = read_yaml(path) if path is not None else {}
+    return resolve(raw, parse_overrides(sets or []))
+
+
+def load_yaml(path: str | Path) -> RunConfig:
+    """DESIGN.md's name for loading one run config."""
+    return load_run(path)

@@ -1,0 +1,1 @@
+"""Pure-torch metrics: tensors in, floats out. No Lightning, no Ray."""

@@ -1,0 +1,119 @@
+"""Geometric-continuity metrics over stacks of same-role weight matrices.
+
+A stack is a tensor W of shape (L, m, n): layer l's matrix in PyTorch orientation (out x in).
+Right singular vectors v_i live in the input space (R^n), left ones u_i in the output space (R^m).
+
+Everything here is plain torch: tensors in, floats (or dicts of floats) out. The decomposition
+goes through eigh of the smaller Gram matrix (W^T W or W W^T), which is exact and about twice as
+fast as a full SVD; singular vectors have arbitrary signs, so every comparison uses |cos|.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+
+class Spectrum(NamedTuple):
+    """Top singular triplets of every matrix in a stack, in descending order of s."""
+
+    s: Tensor  # (L, k)
+    U: Tensor  # (L, m, k) left singular vectors (columns)
+    V: Tensor  # (L, n, k) right singular vectors (columns)
+    fro2: Tensor  # (L,) squared Frobenius norms, for sigma^2 weights
+
+
+def random_baseline(d: int) -> float:
+    """E|cos| between two independent random unit vectors in R^d, for large d: sqrt(2 / (pi d))."""
+    return math.sqrt(2.0 / (math.pi * d))
+
+
+def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
+    """Exact top-k singular triplets of a stack W (L, m, n) (all of them when k is None).
+
+    eigh of the smaller Gram matrix gives s^2 and one side's vectors; the other side follows from one
+    matmul (u_i = W v_i / s_i). Columns belonging to zero singular values are left as computed
+    (they carry zero sigma^2 weight).
+    """
+    W = W.detach()
+    if W.dim() == 2:
+        W = W.unsqueeze(0)
+    W = W.to(torch.float64) if W.dtype == torch.float64 else W.float()
+    L, m, n = W.shape
+    r = min(m, n)
+    k = r if k is None else min(k, r)
+    wide = m < n  # eigendecompose the m x m Gram W W^T instead of the n x n one
+    gram = W @ W.mT if wide else W.mT @ W
+    evals, evecs = torch.linalg.eigh(gram)  # ascending
+    evals = evals.flip(-1)[:, :k].clamp_min(0)
+    evecs = evecs.flip(-1)[:, :, :k]
+    s = evals.sqrt()
+    safe = torch.where(s > 0, s, torch.ones_like(s)).unsqueeze(1)  # (L, 1, k)
+    if wide:
+        U = evecs
+        V = (W.mT @ U) / safe
+    else:
+        V = evecs
+        U = (W @ V) / safe
+    return Spectrum(s=s, U=U, V=V, fro2=W.pow(2).sum(dim=(-2, -1)))
+
+
+def adjacent_abs_cos(X: Tensor) -> Tensor:
+    """|cos| between rows l and l+1 of X (L, d): shape (L-1,). Rows need not be normalised."""
+    X = X / X.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    return (X[:-1] * X[1:]).sum(-1).abs()
+
+
+def sigma2_alignment(s: Tensor, vectors: Tensor, fro2: Tensor) -> Tensor:
+    """Per adjacent pair: sum_i (s_i(l)^2 / ||W(l)||_F^2) |cos(x_i(l), x_i(l+1))|, shape (L-1,).
+
+    vectors (L, d, k) are the singular vectors of one space (V for input, U for output). With a
+    truncated spectrum (k < rank) the sum covers only the top-k share of the Frobenius energy.
+    """
+    weights = s[:-1].pow(2) / fro2[:-1].clamp_min(1e-30).unsqueeze(-1)  # (L-1, k)
+    cos = (vectors[:-1] * vectors[1:]).sum(dim=-2).abs()  # (L-1, k)
+    return (weights * cos).sum(-1)
+
+
+def top_direction_continuity(W: Tensor) -> dict[str, float]:
+    """v1 and u1 continuity of a stack (L, m, n): mean over l of |cos(x1(l), x1(l+1))|."""
+    spec = svd_top(W, k=1)
+    return {
+        "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
+        "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),
+    }
+
+
+def weight_continuity(W: Tensor) -> dict[str, float]:
+    """Every weight-space metric of DESIGN.md for one stack (L, m, n), from one eigendecomposition.
+
+    Keys: v1_continuity, u1_continuity, sigma2_continuity (input space), sigma2_continuity_u
+    (output space) and spectral_gap (mean s1/s2; v1 is ill-defined when it is close to 1).
+    """
+    spec = svd_top(W)
+    gap = spec.s[:, 0] / spec.s[:, 1].clamp_min(1e-30) if spec.s.shape[1] > 1 else torch.full_like(spec.s[:, 0], math.inf)
+    return {
+        "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
+        "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),
+        "sigma2_continuity": sigma2_alignment(spec.s, spec.V, spec.fro2).mean().item(),
+        "sigma2_continuity_u": sigma2_alignment(spec.s, spec.U, spec.fro2).mean().item(),
+        "spectral_gap": gap.mean().item(),
+    }
+
+
+def update_ratio(W: Tensor, W0: Tensor) -> float:
+    """Mean over layers of ||W(t) - W(0)||_F / ||W(0)||_F for stacks (L, m, n)."""
+    num = (W - W0).flatten(1).norm(dim=1)
+    den = W0.flatten(1).norm(dim=1).clamp_min(1e-30)
+    return (num / den).mean().item()
+
+
+def delta_gw(grad_cum: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
+    """Delta_GW = continuity(cumulative gradient) - continuity(weights), for v1 and u1."""
+    return {
+        "v1": grad_cum["v1_continuity"] - weight["v1_continuity"],
+        "u1": grad_cum["u1_continuity"] - weight["u1_continuity"],
+    }
