@@ -111,8 +111,10 @@ class TrainConfig(_Strict):
     @classmethod
     def _precision_as_text(cls, data: Any) -> Any:
         # YAML reads `precision: 32` as an int; Lightning's own spelling is the string "32".
-        if isinstance(data, dict) and isinstance(data.get("precision"), int) and not isinstance(
-            data.get("precision"), bool
+        if (
+            isinstance(data, dict)
+            and isinstance(data.get("precision"), int)
+            and not isinstance(data.get("precision"), bool)
         ):
             data = {**data, "precision": str(data["precision"])}
         return data

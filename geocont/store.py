@@ -76,9 +76,9 @@ def write_config(folder: Path, config: dict[str, Any]) -> None:
     atomic_write_text(folder / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
 
-def write_metrics(folder: Path, rows: list[dict[str, Any]]) -> None:
+def write_metrics(folder: Path, rows: list[dict[str, Any]], name: str = "metrics.parquet") -> None:
     """Rewrite the run's long metrics table (rows of run_id, epoch, step, name, value)."""
-    atomic_write_parquet(folder / "metrics.parquet", pl.DataFrame(rows, schema=METRIC_SCHEMA))
+    atomic_write_parquet(folder / name, pl.DataFrame(rows, schema=METRIC_SCHEMA))
 
 
 def write_run_info(folder: Path, info: dict[str, Any]) -> None:
@@ -146,7 +146,11 @@ def _config_rows(folders: list[Path]) -> pl.DataFrame:
                 **{k: (json.dumps(v) if isinstance(v, list) else v) for k, v in flatten(config).items()},
             }
         )
-    return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame(schema={"run_id": pl.String, "sweep": pl.String, "status": pl.String})
+    return (
+        pl.DataFrame(rows, infer_schema_length=None)
+        if rows
+        else pl.DataFrame(schema={"run_id": pl.String, "sweep": pl.String, "status": pl.String})
+    )
 
 
 def _long_metrics(folders: list[Path]) -> pl.DataFrame:

@@ -94,7 +94,9 @@ def weight_continuity(W: Tensor) -> dict[str, float]:
     (output space) and spectral_gap (mean s1/s2; v1 is ill-defined when it is close to 1).
     """
     spec = svd_top(W)
-    gap = spec.s[:, 0] / spec.s[:, 1].clamp_min(1e-30) if spec.s.shape[1] > 1 else torch.full_like(spec.s[:, 0], math.inf)
+    gap = (
+        spec.s[:, 0] / spec.s[:, 1].clamp_min(1e-30) if spec.s.shape[1] > 1 else torch.full_like(spec.s[:, 0], math.inf)
+    )
     return {
         "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
         "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),

@@ -1,0 +1,154 @@
+"""The `geocont` command line (typer). Each command is a plain typed function; its docstring is the help.
+
+Bad input raises ConfigError anywhere below; `main` prints one line per problem and exits 2 without
+a traceback, before anything is written.
+"""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geocont.config import ConfigError
+
+app = typer.Typer(
+    name="geocont",
+    help="Sweeps, metrics and checkpoint analysis for geometric continuity in deep networks.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+results_app = typer.Typer(help="Query the results store (reads only local files).", no_args_is_help=True)
+app.add_typer(results_app, name="results")
+
+StoreOption = Annotated[Path, typer.Option("--store", help="Results store folder.")]
+
+
+class Format(str, Enum):
+    md = "md"
+    csv = "csv"
+    json = "json"
+
+
+class Paper(str, Enum):
+    mlp = "mlp"
+    transformer = "transformer"
+
+
+@app.command()
+def train(
+    config: Annotated[str, typer.Argument(help="A run config YAML file, or a preset name (see `geocont list`).")],
+    set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field: dotted.path=value.")] = None,
+    store: StoreOption = Path("geocont-results"),
+    progress: Annotated[bool, typer.Option(help="Show Lightning's progress bar.")] = True,
+) -> None:
+    """Train one run and record it in the store under the sweep name `single`."""
+    from geocont.config import load_run, parse_overrides, preset_names, resolve
+
+    if Path(config).is_file():
+        cfg = load_run(config, set_)
+    elif config in preset_names():
+        cfg = resolve({"preset": config}, parse_overrides(set_ or []))
+    else:
+        raise ConfigError([f"CONFIG: {config!r} is neither a file nor a preset; presets: {', '.join(preset_names())}"])
+
+    from geocont.train import train as run_training
+
+    result = run_training(cfg, store, progress=progress)
+    typer.echo(f"{result.status}: run {result.run_id} -> {result.run_dir}")
+    if result.error:
+        typer.echo(f"error: {result.error}", err=True)
+    from geocont.results import KEY_METRICS
+
+    for name in KEY_METRICS:
+        if name in result.final:
+            typer.echo(f"  {name:28s} {result.final[name]:.4f}")
+    if result.status == "failed":
+        raise typer.Exit(1)
+
+
+@app.command("list")
+def list_presets() -> None:
+    """List the named presets a config can start from (`preset: NAME` or `geocont train NAME`)."""
+    from geocont.config import preset_dict, preset_names
+
+    for name in preset_names():
+        model = preset_dict(name).get("model", {})
+        summary = ", ".join(f"{k}={v}" for k, v in model.items())
+        typer.echo(f"{name:22s} {summary}")
+
+
+@results_app.command("runs")
+def results_runs(
+    store: StoreOption = Path("geocont-results"),
+    sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
+    format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
+) -> None:
+    """One row per run: status, the config that varies, seed, and final key metrics."""
+    from geocont.results import render, runs_table
+
+    typer.echo(render(runs_table(_collect_runs(store, sweep)), format.value))
+
+
+@results_app.command("table")
+def results_table(
+    store: StoreOption = Path("geocont-results"),
+    sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
+    format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
+    paper: Annotated[Paper | None, typer.Option(help="Put the paper's values beside the reproduced ones.")] = None,
+) -> None:
+    """Mean ± std over seeds per variant; with --paper, matched to the paper's table rows."""
+    from geocont.results import aggregate_table, mean_std_columns, render
+
+    frame = _collect_runs(store, sweep)
+    if paper is not None:
+        from geocont.paper import paper_table
+
+        typer.echo(render(paper_table(frame, paper.value), format.value))
+        return
+    table = aggregate_table(frame)
+    typer.echo(render(mean_std_columns(table) if format == Format.md else table, format.value))
+
+
+def _collect_runs(store: Path, sweep: str | None):
+    from geocont import store as results_store
+
+    if not store.is_dir():
+        raise ConfigError([f"--store: {store} is not a results store (no such folder)"])
+    if sweep is not None and not (store / sweep).is_dir():
+        names = ", ".join(results_store.sweep_names(store)) or "none"
+        raise ConfigError([f"--sweep: no sweep {sweep!r} in {store}; sweeps there: {names}"])
+    frame = results_store.runs(store, sweep).collect()
+    if frame.is_empty():
+        raise ConfigError([f"--store: {store} holds no finished runs" + (f" for sweep {sweep!r}" if sweep else "")])
+    return frame
+
+
+def main() -> None:
+    """Console-script entry: user errors become one-line messages and exit code 2."""
+    try:
+        app(standalone_mode=False)
+    except ConfigError as err:
+        for line in err.problems:
+            typer.echo(f"error: {line}", err=True)
+        sys.exit(2)
+    except (typer.Exit, SystemExit) as done:
+        sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))
+    except typer.Abort:
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    except Exception as err:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(err, click.ClickException):
+            err.show()
+            sys.exit(err.exit_code)
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Lightning glue: modules, callbacks, loggers. The maths lives in geocont.metrics."""

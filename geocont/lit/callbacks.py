@@ -1,0 +1,99 @@
+"""GeometryMonitor: the thin Lightning callback that schedules the continuity metrics.
+
+When metrics are computed:
+- grad_init/*: once, from the first backward pass, before any optimizer step;
+- the cumulative gradient sum_t G_l(t): accumulated after every backward pass;
+- weight/*, grad_cum/*, delta_gw/*, update_ratio: at the end of every validation run (every
+  epoch, or every `train.metrics_every_n_steps` steps), and once more at the end of training
+  whatever stopped it (train() runs a last validation, or calls `emit` directly for a diverged run).
+The maths is in geocont.metrics; this file only decides when and where results go.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import pytorch_lightning as pl
+import torch
+from torch import Tensor, nn
+
+from geocont.metrics.geometry import delta_gw_metrics, direction_metrics, weight_metrics
+
+MetricsHook = Callable[[int, int, dict[str, float]], None]
+
+
+def stack(params: list[nn.Parameter] | list[Tensor]) -> Tensor:
+    """Same-shape per-layer matrices as one (L, m, n) tensor, detached and on the CPU in fp32."""
+    return torch.stack([p.detach().float() for p in params]).cpu()
+
+
+class GeometryMonitor(pl.Callback):
+    def __init__(self, on_event: MetricsHook | None = None, language_model: bool = False):
+        self.on_event = on_event
+        self.language_model = language_model
+        self.last_event_step = -1
+        self.events = 0
+
+    # -- setup ------------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if stage != "fit" or hasattr(self, "groups"):
+            return
+        self.groups: dict[str, list[nn.Parameter]] = pl_module.model.weight_groups()
+        if not self.groups or any(len(ws) < 2 for ws in self.groups.values()):
+            raise ValueError("continuity needs at least two layers per weight group (model.depth >= 2)")
+        self.initial = {role: stack(ws) for role, ws in self.groups.items()}
+        self.grad_sum = {role: [torch.zeros_like(w) for w in ws] for role, ws in self.groups.items()}
+        self.grad_init: dict[str, float] | None = None
+
+    # -- every step -------------------------------------------------------------------------
+    @torch.no_grad()
+    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.grad_init is None:
+            self.grad_init = direction_metrics("grad_init", self._grad_stacks())
+            self._log(trainer, self.grad_init)
+        for role, ws in self.groups.items():
+            torch._foreach_add_(self.grad_sum[role], [w.grad for w in ws])
+
+    def _grad_stacks(self) -> dict[str, Tensor]:
+        return {role: stack([w.grad for w in ws]) for role, ws in self.groups.items()}
+
+    # -- metrics events ---------------------------------------------------------------------
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if not trainer.sanity_checking:
+            self.emit(trainer)
+
+    @torch.no_grad()
+    def emit(self, trainer: pl.Trainer, extra: dict[str, float] | None = None) -> dict[str, float]:
+        """Compute every geometry metric now, send it to the loggers and the hook; once per step."""
+        step = trainer.global_step
+        if step == self.last_event_step:
+            return {}
+        self.last_event_step = step
+        self.events += 1
+        values = self.geometry()
+        if self.language_model:
+            val_loss = trainer.callback_metrics.get("val/loss")
+            if val_loss is not None:
+                values["val/ppl"] = math.exp(min(float(val_loss), 50.0))
+        values.update(extra or {})
+        self._log(trainer, values)
+        if self.on_event is not None:
+            seen = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+            self.on_event(trainer.current_epoch + 1, step, {**seen, **values})
+        return values
+
+    def geometry(self) -> dict[str, float]:
+        weights = {role: stack(ws) for role, ws in self.groups.items()}
+        cumulative = {role: torch.stack(gs).cpu() for role, gs in self.grad_sum.items()}
+        values = weight_metrics(weights, self.initial)
+        values.update(direction_metrics("grad_cum", cumulative))
+        values.update(delta_gw_metrics(values, list(self.groups)))
+        return values
+
+    def _log(self, trainer: pl.Trainer, values: dict[str, float]) -> None:
+        metrics = {**values, "epoch": trainer.current_epoch}
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=trainer.global_step)
+            if hasattr(logger, "flush"):
+                logger.flush()

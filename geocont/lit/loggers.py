@@ -1,0 +1,93 @@
+"""A Lightning logger that feeds the results store (the source of truth), and the wandb factory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pytorch_lightning.loggers import Logger
+from pytorch_lightning.utilities import rank_zero_only
+
+from geocont import store
+from geocont.config import RunConfig
+
+
+class StoreLogger(Logger):
+    """Collects every logged scalar as a long row (run_id, epoch, step, name, value).
+
+    Rows are written to `<run>/metrics.partial.parquet` on `flush()` (each metrics event) and moved
+    to `metrics.parquet` by `publish()` once the run has a final status, so an earlier complete
+    result of the same run is never replaced by a partial one.
+    """
+
+    def __init__(self, folder: Path, run_id: str):
+        super().__init__()
+        self.folder = folder
+        self.run_id = run_id
+        self.rows: list[dict[str, Any]] = []
+
+    @property
+    def name(self) -> str:
+        return "store"
+
+    @property
+    def version(self) -> str:
+        return self.run_id
+
+    @rank_zero_only
+    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+        pass  # the resolved config is written to config.yaml by train()
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        # Lightning passes a 0-based `epoch`; the store counts epochs from 1 (the epoch in progress).
+        epoch = int(metrics.get("epoch", 0)) + 1
+        for name, value in metrics.items():
+            if name != "epoch":
+                self.rows.append(
+                    {"run_id": self.run_id, "epoch": epoch, "step": int(step or 0), "name": name, "value": float(value)}
+                )
+
+    def final_values(self) -> dict[str, float]:
+        """Last logged value of every metric."""
+        final: dict[str, float] = {}
+        for row in self.rows:
+            final[row["name"]] = row["value"]
+        return final
+
+    def flush(self) -> None:
+        store.write_metrics(self.folder, self.rows, name="metrics.partial.parquet")
+
+    def publish(self) -> None:
+        store.write_metrics(self.folder, self.rows)
+        (self.folder / "metrics.partial.parquet").unlink(missing_ok=True)
+
+
+def wandb_logger(cfg: RunConfig, folder: Path, run_name: str | None, group: str | None):
+    """Lightning's WandbLogger with the mode passed explicitly.
+
+    `WandbLogger(offline=True)` would set WANDB_MODE in os.environ, which leaks into later runs in the
+    same process (Ray reuses actors) and overrides `disabled`; passing `mode` keeps it per run.
+    """
+    from pytorch_lightning.loggers import WandbLogger
+
+    wb = cfg.tracking.wandb
+    folder.mkdir(parents=True, exist_ok=True)
+    return WandbLogger(
+        project=wb.project,
+        entity=wb.entity,
+        name=run_name or cfg.run_id(),
+        group=group,
+        save_dir=str(folder),
+        mode=wb.mode,
+        config=cfg.to_dict(),
+        log_model=False,
+        reinit="finish_previous",
+        settings=_quiet_settings(),
+    )
+
+
+def _quiet_settings():
+    import wandb
+
+    return wandb.Settings(silent=True, console="off", x_disable_stats=True)

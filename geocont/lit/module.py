@@ -1,0 +1,69 @@
+"""LightningModules: a classifier and a language model over any geocont network.
+
+training_step computes the loss and logs it; everything else (geometry metrics, divergence
+bookkeeping for the store) is a callback or a named helper.
+"""
+
+from __future__ import annotations
+
+import pytorch_lightning as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from geocont.config import OptimConfig
+
+
+def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    if cfg.name == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay)
+    kind = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
+    return kind(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+
+class GeoModule(pl.LightningModule):
+    """Shared training logic; subclasses define `loss_and_stats(batch)`."""
+
+    def __init__(self, model: nn.Module, optim: OptimConfig):
+        super().__init__()
+        self.model = model
+        self.optim_cfg = optim
+        self.diverged = False
+
+    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def training_step(self, batch, batch_idx: int) -> Tensor | None:
+        loss, _ = self.loss_and_stats(batch)
+        if not torch.isfinite(loss):
+            # A non-finite loss ends the run as `diverged`: skip this step and stop cleanly.
+            self.diverged = True
+            self.trainer.should_stop = True
+            return None
+        self.log("train/loss", loss, on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        loss, stats = self.loss_and_stats(batch)
+        self.log("val/loss", loss, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
+        for name, value in stats.items():
+            self.log(name, value, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return build_optimizer(self.model.parameters(), self.optim_cfg)
+
+
+class Classifier(GeoModule):
+    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+        x, y = batch
+        logits = self.model(x)  # (B, classes)
+        acc = (logits.argmax(-1) == y).float().mean()
+        return F.cross_entropy(logits, y), {"val/acc": acc}
+
+
+class LanguageModel(GeoModule):
+    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+        x, y = batch  # (B, T) tokens and next tokens
+        logits = self.model(x)  # (B, T, V)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+        return loss, {}

@@ -1,0 +1,65 @@
+"""Metric dicts with DESIGN.md's names for groups of same-role weights (role '' = the MLP stack).
+
+These helpers turn {role: (L, m, n) stack} into {"weight/q/v1_continuity": value, ...}; callers
+decide when to call them. Non-finite stacks (a diverged run) give NaN instead of raising.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from geocont.metrics import spectral
+
+WEIGHT_KEYS = ("v1_continuity", "u1_continuity", "sigma2_continuity", "sigma2_continuity_u", "spectral_gap")
+DIRECTION_KEYS = ("v1_continuity", "u1_continuity")
+
+
+def metric_name(kind: str, role: str, key: str) -> str:
+    """'weight', 'q', 'v1_continuity' -> 'weight/q/v1_continuity'; role '' drops that level."""
+    return f"{kind}/{role}/{key}" if role else f"{kind}/{key}"
+
+
+def _named(kind: str, role: str, values: dict[str, float]) -> dict[str, float]:
+    return {metric_name(kind, role, k): v for k, v in values.items()}
+
+
+def _finite(W: Tensor) -> bool:
+    return bool(torch.isfinite(W).all())
+
+
+def weight_metrics(stacks: dict[str, Tensor], initial: dict[str, Tensor]) -> dict[str, float]:
+    """weight/* continuity, spectral gap and update_ratio (per role for transformers)."""
+    out: dict[str, float] = {}
+    for role, W in stacks.items():
+        values = spectral.weight_continuity(W) if _finite(W) else dict.fromkeys(WEIGHT_KEYS, math.nan)
+        out.update(_named("weight", role, values))
+        ratio = spectral.update_ratio(W, initial[role]) if _finite(W) else math.nan
+        out["update_ratio" if not role else f"update_ratio/{role}"] = ratio
+    if len(stacks) > 1:  # transformers: also the mean over roles under the plain name
+        roles = [r for r in stacks]
+        out["update_ratio"] = sum(out[f"update_ratio/{r}"] for r in roles) / len(roles)
+    return out
+
+
+def direction_metrics(kind: str, stacks: dict[str, Tensor]) -> dict[str, float]:
+    """v1/u1 continuity of gradient stacks under `kind` ('grad_init' or 'grad_cum')."""
+    out: dict[str, float] = {}
+    for role, G in stacks.items():
+        finite = _finite(G) and bool(G.abs().sum() > 0)
+        values = spectral.top_direction_continuity(G) if finite else dict.fromkeys(DIRECTION_KEYS, math.nan)
+        out.update(_named(kind, role, values))
+    return out
+
+
+def delta_gw_metrics(values: dict[str, float], roles: list[str]) -> dict[str, float]:
+    """delta_gw/{role/}v1|u1 = grad_cum continuity - weight continuity, from already computed values."""
+    out: dict[str, float] = {}
+    for role in roles:
+        for space in ("v1", "u1"):
+            key = f"{space}_continuity"
+            grad, weight = values[metric_name("grad_cum", role, key)], values[metric_name("weight", role, key)]
+            out[metric_name("delta_gw", role, space)] = grad - weight
+    return out

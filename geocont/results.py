@@ -1,0 +1,93 @@
+"""Tables over the results store for the terminal: per-run rows and per-variant aggregates."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import polars as pl
+
+KEY_METRICS = (
+    "val/acc",
+    "val/ppl",
+    "grad_init/v1_continuity",
+    "grad_cum/v1_continuity",
+    "weight/v1_continuity",
+    "weight/u1_continuity",
+    "weight/sigma2_continuity",
+    "delta_gw/v1",
+)
+IGNORED_CONFIG = ("train.seed", "tracking.", "preset")
+
+
+def varying_config_columns(frame: pl.DataFrame) -> list[str]:
+    """Config columns whose value differs between runs (what distinguishes the variants), seed excluded."""
+    columns = []
+    for name in frame.columns:
+        if "." not in name or name.startswith(IGNORED_CONFIG) or "/" in name:
+            continue
+        if frame.get_column(name).n_unique() > 1:
+            columns.append(name)
+    return columns
+
+
+def runs_table(frame: pl.DataFrame) -> pl.DataFrame:
+    """One row per run: sweep, id, status, the varying config, seed, and the key metrics present."""
+    variant = varying_config_columns(frame)
+    metrics = [m for m in KEY_METRICS if m in frame.columns]
+    seed = ["train.seed"] if "train.seed" in frame.columns else []
+    columns = ["sweep", "run_id", "status", *variant, *seed, *metrics]
+    return frame.select(columns).sort(["sweep", *variant, *seed])
+
+
+def aggregate_table(frame: pl.DataFrame) -> pl.DataFrame:
+    """Mean and std over seeds of each key metric, one row per variant, completed runs only."""
+    done = frame.filter(pl.col("status") == "completed")
+    variant = ["sweep", *varying_config_columns(frame)]
+    metrics = [m for m in KEY_METRICS if m in done.columns]
+    aggs = [pl.len().alias("runs")]
+    for m in metrics:
+        aggs += [pl.col(m).mean().alias(f"{m} mean"), pl.col(m).std().alias(f"{m} std")]
+    return done.group_by(variant).agg(aggs).sort(variant)
+
+
+def mean_std_columns(frame: pl.DataFrame) -> pl.DataFrame:
+    """Fold '<m> mean' / '<m> std' column pairs into one '<m>' text column '0.959 ± 0.004'."""
+    out = frame
+    for name in [c[: -len(" mean")] for c in frame.columns if c.endswith(" mean")]:
+        mean, std = frame.get_column(f"{name} mean"), frame.get_column(f"{name} std")
+        text = [_pm(m, s) for m, s in zip(mean.to_list(), std.to_list())]
+        out = out.drop(f"{name} mean", f"{name} std").with_columns(pl.Series(name, text))
+    return out
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    return f"{mean:.3f}" if std is None or math.isnan(std) else f"{mean:.3f} ± {std:.3f}"
+
+
+def render(frame: pl.DataFrame, fmt: str) -> str:
+    """The frame as a markdown table, CSV or JSON records."""
+    if fmt == "csv":
+        return frame.write_csv()
+    if fmt == "json":
+        return json.dumps(frame.to_dicts(), indent=2, default=str)
+    return markdown(frame)
+
+
+def markdown(frame: pl.DataFrame) -> str:
+    cells = [[_cell(v) for v in row] for row in frame.iter_rows()]
+    header = frame.columns
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+    line = lambda values: "| " + " | ".join(v.ljust(w) for v, w in zip(values, widths)) + " |"  # noqa: E731
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in cells)])
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)

@@ -1,0 +1,178 @@
+"""train(cfg) -> RunResult: the one entry point that the CLI and every Ray trial call.
+
+A run never raises for its own failure: an exception is recorded as `failed`, a non-finite loss as
+`diverged`, both with final metric values, and the store always ends with a run.json.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from geocont import store
+from geocont.config import RunConfig
+from geocont.lit.callbacks import MetricsHook
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str
+    sweep: str
+    status: str  # completed | failed | diverged
+    final: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    run_dir: Path = Path(".")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _quiet_lightning() -> None:
+    # The Lightning import resets its loggers, so this runs after it (STACK.md).
+    for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*is an invalid version and will not be supported.*")
+
+
+def train(
+    cfg: RunConfig,
+    store_dir: str | Path = store.DEFAULT_STORE,
+    sweep: str = "single",
+    *,
+    on_metrics: MetricsHook | None = None,
+    run_name: str | None = None,
+    wandb_group: str | None = None,
+    info: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> RunResult:
+    """Train one config, write its results to `<store_dir>/<sweep>/<run_id>/`, and return them."""
+    run_id = cfg.run_id()
+    folder = store.run_dir(store_dir, sweep, run_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    store.write_config(folder, cfg.to_dict())
+    started, t0 = _now(), time.perf_counter()
+
+    session = _Session(cfg, folder, run_id, on_metrics, run_name, wandb_group, progress)
+    status, error = session.run()
+
+    record = {
+        "run_id": run_id,
+        "sweep": sweep,
+        "status": status,
+        "name": run_name,
+        "started": started,
+        "finished": _now(),
+        "duration_s": round(time.perf_counter() - t0, 3),
+        "steps": session.steps,
+        "epochs": session.epochs,
+        "error": error,
+        "node": socket.gethostname(),
+        **(info or {}),
+    }
+    session.store_logger.publish()
+    store.write_run_info(folder, record)
+    return RunResult(run_id, sweep, status, session.store_logger.final_values(), error, folder)
+
+
+class _Session:
+    """The Lightning objects of one run, built and driven in order; keeps train() short."""
+
+    def __init__(self, cfg, folder, run_id, on_metrics, run_name, wandb_group, progress):
+        import pytorch_lightning as pl
+
+        from geocont.lit.loggers import StoreLogger
+
+        _quiet_lightning()
+        self.pl = pl
+        self.cfg, self.folder, self.run_id = cfg, folder, run_id
+        self.on_metrics, self.run_name, self.wandb_group, self.progress = on_metrics, run_name, wandb_group, progress
+        self.store_logger = StoreLogger(folder, run_id)
+        self.steps = self.epochs = 0
+
+    def run(self) -> tuple[str, str | None]:
+        wandb_run = None
+        try:
+            self.pl.seed_everything(self.cfg.train.seed, verbose=False)
+            datamodule, module, monitor = self._build()
+            trainer = self._trainer(monitor)
+            wandb_run = next((lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
+            trainer.fit(module, datamodule=datamodule)
+            self.steps, self.epochs = trainer.global_step, trainer.current_epoch
+            if module.diverged:
+                monitor.emit(trainer, {"train/loss": float("nan")})
+                return "diverged", f"non-finite training loss at step {trainer.global_step}"
+            if trainer.interrupted:
+                return "failed", "interrupted"
+            if monitor.last_event_step != trainer.global_step:
+                trainer.validate(module, datamodule=datamodule, verbose=False)  # final values, whatever stopped it
+            return "completed", None
+        except Exception as err:  # recorded, never raised: one bad trial must not take a sweep down
+            (self.folder / "error.txt").write_text(traceback.format_exc())
+            return "failed", f"{type(err).__name__}: {err}".splitlines()[0][:500]
+        finally:
+            if wandb_run is not None:
+                wandb_run.experiment.finish(quiet=True)
+
+    def _build(self):
+        from geocont.data import build_datamodule
+        from geocont.lit.callbacks import GeometryMonitor
+        from geocont.lit.module import Classifier, LanguageModel
+        from geocont.models import build_model
+
+        cfg = self.cfg
+        datamodule = build_datamodule(cfg)
+        datamodule.setup("fit")
+        if cfg.model.kind == "mlp":
+            model = build_model(cfg, in_features=datamodule.in_features, num_classes=datamodule.num_classes)
+            module = Classifier(model, cfg.optim)
+        else:
+            model = build_model(cfg, vocab_size=datamodule.vocab_size)
+            module = LanguageModel(model, cfg.optim)
+        monitor = GeometryMonitor(self.on_metrics, language_model=cfg.model.kind == "transformer")
+        return datamodule, module, monitor
+
+    def _trainer(self, monitor):
+        cfg = self.cfg.train
+        every = cfg.metrics_every_n_steps
+        return self.pl.Trainer(
+            max_epochs=cfg.epochs if cfg.max_steps is None else -1,
+            max_steps=cfg.max_steps or -1,
+            accelerator=cfg.accelerator,
+            devices=1,
+            precision=cfg.precision,
+            logger=self._loggers(),
+            callbacks=[monitor],
+            val_check_interval=every,
+            check_val_every_n_epoch=None if every else 1,
+            log_every_n_steps=10,
+            num_sanity_val_steps=0,
+            enable_checkpointing=False,
+            enable_model_summary=False,
+            enable_progress_bar=self.progress,
+            default_root_dir=str(self.folder),
+        )
+
+    def _loggers(self) -> list:
+        loggers: list = [self.store_logger]
+        tracking = self.cfg.tracking
+        if tracking.tensorboard:
+            from pytorch_lightning.loggers import TensorBoardLogger
+
+            loggers.append(
+                TensorBoardLogger(save_dir=str(self.folder), name="tensorboard", version="", default_hp_metric=False)
+            )
+        if tracking.wandb.mode != "disabled":
+            from geocont.lit.loggers import wandb_logger
+
+            loggers.append(wandb_logger(self.cfg, self.folder, self.run_name, self.wandb_group))
+        return loggers
