@@ -100,7 +100,7 @@ def split_by_file(files: list[Path], val_fraction: float) -> tuple[list[Path], l
 
 def _file_corpus(name: str, root: Path, files: list[Path], val_fraction: float) -> Corpus:
     train, val = split_by_file(files, val_fraction)
-    identity = {"files": _file_identity(root, files), "val_fraction": val_fraction, "split_seed": SPLIT_SEED}
+    identity = {"train": _file_identity(root, train), "val": _file_identity(root, val)}  # the split itself
     return Corpus(name, identity, lambda: _read(train), lambda: _read(val))
 
 
