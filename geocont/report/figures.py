@@ -1,0 +1,210 @@
+"""Vega-Lite figures (altair) built from the aggregated frames of geocont.report.data.
+
+Each builder returns a `Figure`: an id (the HTML element id and the export file stem), a title,
+a caption that says how to read it, and the chart. Builders take small frames only; the x column is
+called `x` so the same builders serve epoch-based (MLP) and step-based (language model) sweeps.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import altair as alt
+import polars as pl
+
+from geocont.report.data import ROLES
+
+CELL = {"width": 210, "height": 150}
+CONTINUITY_DOMAIN = [0.0, 1.0]
+SOURCES = ["reproduced", "paper"]
+
+
+@dataclass
+class Figure:
+    id: str
+    title: str
+    caption: str
+    chart: alt.TopLevelMixin
+
+    def spec(self, validate: bool = False) -> dict[str, Any]:
+        """The Vega-Lite spec; validation against the schema is for tests (slow with inline data)."""
+        return self.chart.to_dict(validate=validate)
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]+", "-", text).strip("-") or "x"
+
+
+def _records(frame: pl.DataFrame) -> alt.Data:
+    # Inline rows; polars -> plain dicts keeps altair from needing pandas.
+    return alt.Data(values=frame.to_dicts())
+
+
+def _color(variants: list[str], **legend_style: Any) -> alt.Color:
+    scheme = "tableau10" if len(variants) <= 10 else "tableau20"
+    columns = min(4, max(1, len(variants)))
+    style = {"title": "variant", "orient": "bottom", "columns": columns, "labelLimit": 260, **legend_style}
+    return alt.Color("variant:N", scale=alt.Scale(domain=variants, scheme=scheme), legend=alt.Legend(**style))
+
+
+def curves_figure(
+    fig_id: str,
+    title: str,
+    caption: str,
+    frame: pl.DataFrame,
+    names: list[str],
+    variants: list[str],
+    x_title: str,
+    columns: int = 4,
+    peaks: bool = False,
+) -> Figure:
+    """Mean over seeds (line) and mean ± std (band) against epoch or step, one panel per metric."""
+    # Both layers carry the same legend (a null legend on one drops the merged legend); draw it as strokes.
+    color = _color(variants, symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1)
+    base = alt.Chart().encode(x=alt.X("x:Q", title=x_title), color=color)
+    band = base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
+    tooltip = [
+        "variant:N",
+        "metric:N",
+        alt.Tooltip("x:Q", title=x_title),
+        alt.Tooltip("mean:Q", format=".3f"),
+        alt.Tooltip("lo:Q", format=".3f"),
+        alt.Tooltip("hi:Q", format=".3f"),
+        "n:Q",
+    ]
+    line = base.mark_line(strokeWidth=1.8).encode(
+        y=alt.Y("mean:Q", title=None),
+        tooltip=tooltip,
+    )
+    layers = [band, line]
+    if peaks:  # mark where each variant's curve peaks: the end of formation
+        layers.append(
+            base.mark_point(filled=True, size=50).encode(y="mean:Q", tooltip=tooltip).transform_filter("datum.peak")
+        )
+    columns = (
+        min(columns, len(names)) if len(names) <= columns else math.ceil(len(names) / math.ceil(len(names) / columns))
+    )
+    chart = (
+        alt.layer(*layers, data=_records(frame))
+        .properties(**CELL)
+        .facet(
+            facet=alt.Facet("metric:N", sort=names, title=None, header=alt.Header(labelFontSize=12)), columns=columns
+        )
+        .resolve_scale(y="independent")
+        .properties(title=title)
+    )
+    return Figure(fig_id, title, caption, chart)
+
+
+def bars_figure(
+    fig_id: str, title: str, caption: str, frame: pl.DataFrame, names: list[str], variants: list[str]
+) -> Figure:
+    """Final value per variant: bar = mean over seeds, rule = mean ± std; one panel per metric."""
+    x = alt.X("variant:N", sort=variants, title=None, axis=alt.Axis(labelAngle=-35, labelLimit=160))
+    tooltip = [
+        "variant:N",
+        "metric:N",
+        alt.Tooltip("mean:Q", format=".3f"),
+        alt.Tooltip("lo:Q", format=".3f"),
+        alt.Tooltip("hi:Q", format=".3f"),
+        "n:Q",
+    ]
+    bars = alt.Chart().mark_bar().encode(x=x, y=alt.Y("mean:Q", title=None), color=_color(variants), tooltip=tooltip)
+    err = alt.Chart().mark_rule(color="#333").encode(x=x, y="lo:Q", y2="hi:Q")
+    chart = (
+        alt.layer(bars, err, data=_records(frame))
+        .properties(width=max(160, 28 * len(variants)), height=170)
+        .facet(column=alt.Column("metric:N", sort=names, title=None))
+        .properties(title=title)
+    )
+    return Figure(fig_id, title, caption, chart)
+
+
+def paper_figure(
+    fig_id: str, title: str, caption: str, frame: pl.DataFrame, configs: list[str], columns: list[str]
+) -> Figure:
+    """Reproduced (mean ± std over seeds) beside the paper's value, one panel per table column.
+
+    `frame`: config, column, source ("reproduced" | "paper"), value, lo, hi.
+    """
+    y = alt.Y("config:N", sort=configs, title=None)
+    # One legend: shape and colour encode the same field with the same title, so Vega-Lite merges them.
+    legend = alt.Legend(title="source", orient="bottom")
+    shape = alt.Shape("source:N", scale=alt.Scale(domain=SOURCES, range=["circle", "diamond"]), legend=legend)
+    color = alt.Color("source:N", scale=alt.Scale(domain=SOURCES, range=["#1f77b4", "#d62728"]), legend=legend)
+    tooltip = [
+        "config:N",
+        "column:N",
+        "source:N",
+        alt.Tooltip("value:Q", format=".3f"),
+        alt.Tooltip("lo:Q", format=".3f"),
+        alt.Tooltip("hi:Q", format=".3f"),
+    ]
+    rule = (
+        alt.Chart()
+        .mark_rule(color="#1f77b4")
+        .encode(y=y, x=alt.X("lo:Q", title=None, scale=alt.Scale(zero=False)), x2="hi:Q")
+        .transform_filter("datum.source == 'reproduced'")
+    )
+    points = (
+        alt.Chart().mark_point(filled=True, size=70).encode(y=y, x="value:Q", shape=shape, color=color, tooltip=tooltip)
+    )
+    chart = (
+        alt.layer(rule, points, data=_records(frame))
+        .properties(width=150, height=max(60, 22 * len(configs)))
+        .facet(column=alt.Column("column:N", sort=columns, title=None))
+        .resolve_scale(x="independent")
+        .properties(title=title)
+    )
+    return Figure(fig_id, title, caption, chart)
+
+
+def heatmap_figure(
+    fig_id: str,
+    title: str,
+    caption: str,
+    frame: pl.DataFrame,
+    x: str,
+    y: str,
+    value: str,
+    facet: str,
+    x_sort: list[Any] | None = None,
+    y_sort: list[Any] | None = None,
+    facet_sort: list[Any] | None = None,
+    tooltip_extra: tuple[str, ...] = (),
+) -> Figure:
+    """Cells coloured by continuity in [0, 1] with the value printed; one panel per `facet` value."""
+    x_enc = alt.X(f"{x}:O", sort=x_sort, title=x)
+    y_enc = alt.Y(f"{y}:N", sort=y_sort, title=None)
+    tooltip = [f"{x}:O", f"{y}:N", f"{facet}:N", alt.Tooltip(f"{value}:Q", format=".3f"), *tooltip_extra]
+    color = alt.Color(
+        f"{value}:Q", scale=alt.Scale(domain=CONTINUITY_DOMAIN, scheme="viridis"), legend=alt.Legend(title="|cos|")
+    )
+    rect = alt.Chart().mark_rect().encode(x=x_enc, y=y_enc, color=color, tooltip=tooltip)
+    text = (
+        alt.Chart()
+        .mark_text(fontSize=9)
+        .encode(
+            x=x_enc,
+            y=y_enc,
+            text=alt.Text(f"{value}:Q", format=".2f"),
+            color=alt.condition(f"datum['{value}'] > 0.6", alt.value("black"), alt.value("white")),
+        )
+    )
+    n_x = len(x_sort) if x_sort else frame[x].n_unique()
+    n_y = len(y_sort) if y_sort else frame[y].n_unique()
+    chart = (
+        alt.layer(rect, text, data=_records(frame))
+        .properties(width=max(120, 30 * n_x), height=max(60, 20 * n_y))
+        .facet(column=alt.Column(f"{facet}:N", title=None, sort=facet_sort))
+        .properties(title=title)
+    )
+    return Figure(fig_id, title, caption, chart)
+
+
+def role_sort(roles: list[str]) -> list[str]:
+    """q, k, v, o, gate, up, down first (the transformer's data flow), any other role after."""
+    return [r for r in ROLES if r in roles] + sorted(r for r in roles if r not in ROLES)
