@@ -60,7 +60,7 @@ def _trials(sweep: SweepConfig) -> list[Trial]:
     for seed in sweep.seeds:
         for variant in variants(sweep):
             overrides = {**variant} if SEED_PATH in variant else {**variant, SEED_PATH: seed}
-            config = resolve(raw, _tree(overrides))
+            config = resolve(raw, to_tree(overrides))
             if config.run_id() not in seen:  # an include entry may repeat a grid point
                 seen.add(config.run_id())
                 trials.append(Trial(config.run_id(), trial_name(config, keys), overrides, config))
@@ -116,7 +116,7 @@ def get_dotted(tree: dict[str, Any], path: str) -> Any:
     return node
 
 
-def _tree(overrides: dict[str, Any]) -> dict[str, Any]:
+def to_tree(overrides: dict[str, Any]) -> dict[str, Any]:
     tree: dict[str, Any] = {}
     for path, value in overrides.items():
         set_dotted(tree, path, value)
@@ -125,7 +125,7 @@ def _tree(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def _coerced(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     """Override values as the config reads them ("1e-4" -> 0.0001), so equal values compare equal."""
-    tree = resolve(raw, _tree(overrides)).to_dict()
+    tree = resolve(raw, to_tree(overrides)).to_dict()
     return {path: get_dotted(tree, path) for path in overrides}
 
 
@@ -189,7 +189,7 @@ def _resolve_lines(
 ) -> list[str]:
     """Problems of base + overrides, worded under `prefix` (e.g. 'grid.model.activation: ...')."""
     try:
-        resolve(raw, _tree(overrides), prefix=prefix)
+        resolve(raw, to_tree(overrides), prefix=prefix)
     except ConfigError as err:
         return [_say_allowed(line, prefix, paths) for line in err.problems]
     return []
@@ -296,7 +296,7 @@ def _trial_problems(sweep: SweepConfig) -> list[str]:
     raw, first_seen = base_raw(sweep), {}
     for variant in variants(sweep) if sweep.search is None else []:
         try:
-            resolve(raw, _tree(variant), prefix="grid")
+            resolve(raw, to_tree(variant), prefix="grid")
         except ConfigError as err:
             for line in err.problems:
                 first_seen.setdefault(line, variant)
