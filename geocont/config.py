@@ -14,7 +14,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -72,7 +82,15 @@ class TransformerConfig(_Strict):
         return self
 
 
-ModelConfig = Annotated[MLPConfig | TransformerConfig, Field(discriminator="kind")]
+def _model_kind(value: Any) -> str:
+    # `kind` may be left out: a model section without it is the MLP.
+    return value.get("kind", "mlp") if isinstance(value, dict) else getattr(value, "kind", "mlp")
+
+
+ModelConfig = Annotated[
+    Annotated[MLPConfig, Tag("mlp")] | Annotated[TransformerConfig, Tag("transformer")],
+    Discriminator(_model_kind),
+]
 
 
 class DataConfig(_Strict):

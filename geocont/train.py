@@ -41,6 +41,7 @@ def _quiet_lightning() -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
+    warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")  # our skip of a NaN step
     warnings.filterwarnings("ignore", message=".*is an invalid version and will not be supported.*")
 
 
@@ -56,14 +57,14 @@ def train(
     progress: bool = True,
 ) -> RunResult:
     """Train one config, write its results to `<store_dir>/<sweep>/<run_id>/`, and return them."""
+    session = _Session(cfg, on_metrics, run_name, wandb_group, progress)
+    session.prepare()  # bad input (a missing data folder) raises ConfigError here, before any file exists
     run_id = cfg.run_id()
     folder = store.run_dir(store_dir, sweep, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     store.write_config(folder, cfg.to_dict())
     started, t0 = _now(), time.perf_counter()
-
-    session = _Session(cfg, folder, run_id, on_metrics, run_name, wandb_group, progress)
-    status, error = session.run()
+    status, error = session.run(folder)
 
     record = {
         "run_id": run_id,
@@ -84,26 +85,43 @@ def train(
     return RunResult(run_id, sweep, status, session.store_logger.final_values(), error, folder)
 
 
+def _finish_wandb(logger) -> None:
+    """Close the wandb run; a tracking hiccup must never cost the run its store record."""
+    try:
+        logger.experiment.finish()
+    except Exception as err:  # the store, not wandb, is the source of truth
+        logging.getLogger("geocont").warning("wandb finish failed: %s", err)
+
+
 class _Session:
     """The Lightning objects of one run, built and driven in order; keeps train() short."""
 
-    def __init__(self, cfg, folder, run_id, on_metrics, run_name, wandb_group, progress):
+    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress):
         import pytorch_lightning as pl
-
-        from geocont.lit.loggers import StoreLogger
 
         _quiet_lightning()
         self.pl = pl
-        self.cfg, self.folder, self.run_id = cfg, folder, run_id
+        self.cfg = cfg
         self.on_metrics, self.run_name, self.wandb_group, self.progress = on_metrics, run_name, wandb_group, progress
-        self.store_logger = StoreLogger(folder, run_id)
         self.steps = self.epochs = 0
 
-    def run(self) -> tuple[str, str | None]:
+    def prepare(self) -> None:
+        """Load the data: the one step whose failure is the user's input rather than the run."""
+        from geocont.data import build_datamodule
+
+        self.datamodule = build_datamodule(self.cfg)
+        self.datamodule.setup("fit")
+
+    def run(self, folder: Path) -> tuple[str, str | None]:
+        from geocont.lit.loggers import StoreLogger
+
+        self.folder = folder
+        self.store_logger = StoreLogger(folder, self.cfg.run_id())
         wandb_run = None
         try:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
-            datamodule, module, monitor = self._build()
+            datamodule = self.datamodule
+            module, monitor = self._build()
             trainer = self._trainer(monitor)
             wandb_run = next((lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
             trainer.fit(module, datamodule=datamodule)
@@ -121,17 +139,14 @@ class _Session:
             return "failed", f"{type(err).__name__}: {err}".splitlines()[0][:500]
         finally:
             if wandb_run is not None:
-                wandb_run.experiment.finish(quiet=True)
+                _finish_wandb(wandb_run)
 
     def _build(self):
-        from geocont.data import build_datamodule
         from geocont.lit.callbacks import GeometryMonitor
         from geocont.lit.module import Classifier, LanguageModel
         from geocont.models import build_model
 
-        cfg = self.cfg
-        datamodule = build_datamodule(cfg)
-        datamodule.setup("fit")
+        cfg, datamodule = self.cfg, self.datamodule
         if cfg.model.kind == "mlp":
             model = build_model(cfg, in_features=datamodule.in_features, num_classes=datamodule.num_classes)
             module = Classifier(model, cfg.optim)
@@ -139,7 +154,7 @@ class _Session:
             model = build_model(cfg, vocab_size=datamodule.vocab_size)
             module = LanguageModel(model, cfg.optim)
         monitor = GeometryMonitor(self.on_metrics, language_model=cfg.model.kind == "transformer")
-        return datamodule, module, monitor
+        return module, monitor
 
     def _trainer(self, monitor):
         cfg = self.cfg.train

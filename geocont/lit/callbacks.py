@@ -45,6 +45,7 @@ class GeometryMonitor(pl.Callback):
         self.initial = {role: stack(ws) for role, ws in self.groups.items()}
         self.grad_sum = {role: [torch.zeros_like(w) for w in ws] for role, ws in self.groups.items()}
         self.grad_init: dict[str, float] | None = None
+        self.grad_v1: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1
 
     # -- every step -------------------------------------------------------------------------
     @torch.no_grad()
@@ -65,10 +66,12 @@ class GeometryMonitor(pl.Callback):
 
     @torch.no_grad()
     def emit(self, trainer: pl.Trainer, extra: dict[str, float] | None = None) -> dict[str, float]:
-        """Compute every geometry metric now, send it to the loggers and the hook; once per step."""
+        """Compute every geometry metric now (once per step) and send it, with `extra`, to the loggers and hook."""
         step = trainer.global_step
         if step == self.last_event_step:
-            return {}
+            if extra:
+                self._log(trainer, extra)
+            return dict(extra or {})
         self.last_event_step = step
         self.events += 1
         values = self.geometry()
@@ -87,7 +90,7 @@ class GeometryMonitor(pl.Callback):
         weights = {role: stack(ws) for role, ws in self.groups.items()}
         cumulative = {role: torch.stack(gs).cpu() for role, gs in self.grad_sum.items()}
         values = weight_metrics(weights, self.initial)
-        values.update(direction_metrics("grad_cum", cumulative))
+        values.update(direction_metrics("grad_cum", cumulative, warm=self.grad_v1))
         values.update(delta_gw_metrics(values, list(self.groups)))
         return values
 

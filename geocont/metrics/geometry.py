@@ -30,11 +30,21 @@ def _finite(W: Tensor) -> bool:
     return bool(torch.isfinite(W).all())
 
 
+def _or_nan(compute, W: Tensor, keys: tuple[str, ...]) -> dict[str, float]:
+    """compute(W), or NaN for every key when W is non-finite or LAPACK gives up on it."""
+    if not _finite(W):
+        return dict.fromkeys(keys, math.nan)
+    try:
+        return compute(W)
+    except torch.linalg.LinAlgError:
+        return dict.fromkeys(keys, math.nan)
+
+
 def weight_metrics(stacks: dict[str, Tensor], initial: dict[str, Tensor]) -> dict[str, float]:
     """weight/* continuity, spectral gap and update_ratio (per role for transformers)."""
     out: dict[str, float] = {}
     for role, W in stacks.items():
-        values = spectral.weight_continuity(W) if _finite(W) else dict.fromkeys(WEIGHT_KEYS, math.nan)
+        values = _or_nan(spectral.weight_continuity, W, WEIGHT_KEYS)
         out.update(_named("weight", role, values))
         ratio = spectral.update_ratio(W, initial[role]) if _finite(W) else math.nan
         out["update_ratio" if not role else f"update_ratio/{role}"] = ratio
@@ -44,12 +54,24 @@ def weight_metrics(stacks: dict[str, Tensor], initial: dict[str, Tensor]) -> dic
     return out
 
 
-def direction_metrics(kind: str, stacks: dict[str, Tensor]) -> dict[str, float]:
-    """v1/u1 continuity of gradient stacks under `kind` ('grad_init' or 'grad_cum')."""
+def direction_metrics(kind: str, stacks: dict[str, Tensor], warm: dict[str, Tensor] | None = None) -> dict[str, float]:
+    """v1/u1 continuity of gradient stacks under `kind` ('grad_init' or 'grad_cum').
+
+    Only the leading pair is needed, so power iteration replaces the full eigendecomposition; `warm`
+    (role -> previous v1 stack) carries the starting vectors from one call to the next and is updated.
+    """
     out: dict[str, float] = {}
     for role, G in stacks.items():
-        finite = _finite(G) and bool(G.abs().sum() > 0)
-        values = spectral.top_direction_continuity(G) if finite else dict.fromkeys(DIRECTION_KEYS, math.nan)
+        if not (_finite(G) and bool(G.abs().sum() > 0)):
+            out.update(_named(kind, role, dict.fromkeys(DIRECTION_KEYS, math.nan)))
+            continue
+        _, u, v = spectral.top_singular_vectors(G, v0=None if warm is None else warm.get(role))
+        if warm is not None:
+            warm[role] = v
+        values = {
+            "v1_continuity": spectral.adjacent_abs_cos(v).mean().item(),
+            "u1_continuity": spectral.adjacent_abs_cos(u).mean().item(),
+        }
         out.update(_named(kind, role, values))
     return out
 

@@ -45,6 +45,9 @@ def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
     L, m, n = W.shape
     r = min(m, n)
     k = r if k is None else min(k, r)
+    # Scale each layer to max |w| = 1 first: the Gram of a huge matrix (a diverging run) overflows fp32.
+    scale = W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
+    W = W / scale
     wide = m < n  # eigendecompose the m x m Gram W W^T instead of the n x n one
     gram = W @ W.mT if wide else W.mT @ W
     evals, evecs = torch.linalg.eigh(gram)  # ascending
@@ -58,7 +61,8 @@ def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
     else:
         V = evecs
         U = (W @ V) / safe
-    return Spectrum(s=s, U=U, V=V, fro2=W.pow(2).sum(dim=(-2, -1)))
+    scale = scale.view(L, 1)
+    return Spectrum(s=s * scale, U=U, V=V, fro2=W.pow(2).sum(dim=(-2, -1)) * scale.view(L).pow(2))
 
 
 def adjacent_abs_cos(X: Tensor) -> Tensor:
@@ -85,6 +89,38 @@ def top_direction_continuity(W: Tensor) -> dict[str, float]:
         "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
         "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),
     }
+
+
+def top_singular_vectors(
+    W: Tensor, v0: Tensor | None = None, tol: float = 1e-5, max_iter: int = 200
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Leading singular pair of every matrix in a stack (L, m, n) by power iteration on W^T W.
+
+    Warm-started from `v0` (L, n) when given: matrices that change a little between calls (the
+    cumulative gradient between two epochs) converge in a few iterations. Layers whose iterate still
+    turns by more than `tol` (sine of the angle between successive iterates) after `max_iter` fall back to the
+    exact eigh route, so the answer never depends on the iteration budget. Returns s1 (L,), u1 (L, m),
+    v1 (L, n).
+    """
+    W = W.detach().float()
+    L, m, n = W.shape
+    v = v0.clone().float() if v0 is not None else torch.randn(L, n, generator=torch.Generator().manual_seed(0))
+    v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+    moving = torch.ones(L, dtype=torch.bool)
+    for _ in range(max_iter):
+        w = (W.mT @ (W @ v.unsqueeze(-1))).squeeze(-1)  # (L, n): one multiply by the Gram matrix
+        w = w / w.norm(dim=-1, keepdim=True).clamp_min(1e-30)
+        turn = w - (w * v).sum(-1, keepdim=True) * v  # component of the new iterate off the old one
+        moving = turn.norm(dim=-1) > tol
+        v = w
+        if not moving.any():
+            break
+    if moving.any():
+        exact = svd_top(W[moving], k=1)
+        v[moving] = exact.V[:, :, 0]
+    u = (W @ v.unsqueeze(-1)).squeeze(-1)  # (L, m) = s1 u1
+    s = u.norm(dim=-1)
+    return s, u / s.clamp_min(1e-30).unsqueeze(-1), v
 
 
 def weight_continuity(W: Tensor) -> dict[str, float]:

@@ -1,0 +1,110 @@
+"""geocont train (every metric, every epoch) vs a plain PyTorch loop doing the same training.
+
+Both run in this process on one thread: the paper MLP (16 x 256, ReLU, residual) on digits for 30
+epochs, Adam 1e-3, batch 64, a validation pass each epoch. Prints the wall-clock ratio (target
+<= 1.15) and the share of epoch time spent computing metrics (target <= 5%).
+
+    python benchmarks/bench_train.py [--epochs 30] [--repeats 1] [--wandb offline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+from geocont.config import resolve
+from geocont.data.digits import DigitsDataModule
+from geocont.lit import callbacks
+from geocont.models import build_model
+from geocont.train import train
+
+
+def plain_loop(cfg) -> float:
+    """The reference: the same model, data order, optimizer and validation, nothing else."""
+    torch.manual_seed(cfg.train.seed)
+    dm = DigitsDataModule(cfg.data, cfg.train.batch_size, cfg.train.seed)
+    dm.setup()
+    model = build_model(cfg, in_features=dm.in_features, num_classes=dm.num_classes)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2))
+    train_batches, val_batches = dm.train_dataloader(), dm.val_dataloader()
+    t0 = time.perf_counter()
+    for _ in range(cfg.train.epochs):
+        model.train()
+        for x, y in train_batches:
+            loss = F.cross_entropy(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            correct = sum((model(x).argmax(-1) == y).sum().item() for x, y in val_batches)
+    assert correct >= 0
+    return time.perf_counter() - t0
+
+
+class MetricTimer:
+    """Wraps the monitor's hooks to add up the time spent in metric work."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        for name in ("on_after_backward", "emit"):
+            original = getattr(callbacks.GeometryMonitor, name)
+            setattr(callbacks.GeometryMonitor, name, self._timed(original))
+
+    def _timed(self, fn):
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+
+        return wrapper
+
+
+def geocont_run(cfg, timer: MetricTimer) -> tuple[float, float]:
+    timer.seconds = 0.0
+    with tempfile.TemporaryDirectory() as store:
+        t0 = time.perf_counter()
+        result = train(cfg, store, progress=False)
+        total = time.perf_counter() - t0
+    assert result.status == "completed", result.error
+    return total, timer.seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--wandb", default="disabled", choices=["disabled", "offline"])
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    cfg = resolve(
+        {
+            "preset": "paper-mlp",
+            "train": {"epochs": args.epochs},
+            "tracking": {"wandb": {"mode": args.wandb}, "tensorboard": True},
+        }
+    )
+    timer = MetricTimer()
+    geocont_run(resolve({"preset": "smoke", "tracking": {"wandb": {"mode": "disabled"}}}), timer)  # warm imports
+    plain, ours, metric = [], [], []
+    for _ in range(args.repeats):
+        plain.append(plain_loop(cfg))
+        total, spent = geocont_run(cfg, timer)
+        ours.append(total)
+        metric.append(spent)
+    p, g = min(plain), min(ours)
+    m = metric[ours.index(g)]
+    print(f"plain PyTorch loop      {p:7.2f} s  ({p / args.epochs * 1000:.0f} ms/epoch)")
+    print(f"geocont train (metrics) {g:7.2f} s  (wandb {args.wandb}, tensorboard on)")
+    print(f"ratio                   {g / p:7.3f}   (target <= 1.15)")
+    print(f"metrics share of time   {m / g * 100:6.1f} %  ({m / (args.epochs + 1) * 1000:.1f} ms per epoch; target <= 5%)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+import json
+import math
+
+import polars as pl
+import pytest
+
+from conftest import tiny_run
+from geocont import store as results
+from geocont.config import ConfigError, resolve
+from geocont.train import train
+
+DESIGN_METRICS = {
+    "weight/v1_continuity",
+    "weight/u1_continuity",
+    "weight/sigma2_continuity",
+    "weight/sigma2_continuity_u",
+    "weight/spectral_gap",
+    "grad_init/v1_continuity",
+    "grad_init/u1_continuity",
+    "grad_cum/v1_continuity",
+    "grad_cum/u1_continuity",
+    "delta_gw/v1",
+    "delta_gw/u1",
+    "update_ratio",
+    "train/loss",
+    "val/loss",
+    "val/acc",
+}
+
+
+def test_a_run_writes_the_store_and_every_metric(store):
+    events = []
+    cfg = resolve(tiny_run(train={"epochs": 3}))
+    result = train(cfg, store, on_metrics=lambda e, s, v: events.append((e, s, v)), progress=False)
+    assert result.status == "completed" and result.error is None
+    assert DESIGN_METRICS <= set(result.final)
+    folder = results.run_dir(store, "single", cfg.run_id())
+    assert sorted(p.name for p in folder.iterdir()) == ["config.yaml", "metrics.parquet", "run.json"]
+    info = json.loads((folder / "run.json").read_text())
+    assert info["status"] == "completed" and info["steps"] > 0 and info["sweep"] == "single"
+    long = pl.read_parquet(folder / "metrics.parquet")
+    weight = long.filter(pl.col("name") == "weight/v1_continuity")
+    assert weight["epoch"].to_list() == [1, 2, 3]  # every epoch, counted from one
+    assert long.filter(pl.col("name") == "grad_init/v1_continuity")["step"].to_list() == [0]
+    assert [e for e, _, _ in events] == [1, 2, 3]
+    assert "val/acc" in events[-1][2] and "weight/sigma2_continuity" in events[-1][2]
+
+
+def test_metrics_every_n_steps_and_a_final_event_when_max_steps_stops_mid_epoch(store):
+    cfg = resolve(tiny_run(train={"epochs": 50, "batch_size": 64, "max_steps": 7, "metrics_every_n_steps": 3}))
+    result = train(cfg, store, progress=False)
+    assert result.status == "completed"
+    long = results.metrics(store).collect()
+    steps = long.filter(pl.col("name") == "weight/v1_continuity").sort("step")["step"].to_list()
+    assert steps == [3, 6, 7]
+    assert long.filter(pl.col("name") == "val/loss")["step"].max() == 7  # a fresh validation at the end
+
+
+def test_a_non_finite_loss_is_recorded_as_diverged_with_final_values(store):
+    cfg = resolve(tiny_run(optim={"name": "sgd", "lr": 1.0e6}, train={"epochs": 5}))
+    result = train(cfg, store, progress=False)
+    assert result.status == "diverged"
+    assert "non-finite" in result.error
+    assert math.isnan(result.final["train/loss"])
+    assert "weight/v1_continuity" in result.final
+    assert results.read_run_info(store, "single", cfg.run_id())["status"] == "diverged"
+
+
+def test_bad_data_input_raises_before_anything_is_written(store, tmp_path):
+    cfg = resolve(tiny_run(data={"name": "mnist", "path": str(tmp_path / "nowhere")}))
+    with pytest.raises(ConfigError, match="data.path"):
+        train(cfg, store, progress=False)
+    assert not store.exists()
+
+
+def test_an_exception_during_training_is_recorded_as_failed(store, monkeypatch):
+    from geocont.lit import module
+
+    def explode(self, batch, batch_idx):
+        raise RuntimeError("boom at step")
+
+    monkeypatch.setattr(module.GeoModule, "training_step", explode)
+    cfg = resolve(tiny_run())
+    result = train(cfg, store, progress=False)
+    assert result.status == "failed" and "RuntimeError: boom at step" in result.error
+    folder = results.run_dir(store, "single", cfg.run_id())
+    assert "boom at step" in (folder / "error.txt").read_text()
+    assert results.read_run_info(store, "single", cfg.run_id())["status"] == "failed"
+
+
+def test_same_config_same_numbers(store, tmp_path):
+    cfg = resolve(tiny_run())
+    a = train(cfg, store, progress=False)
+    b = train(cfg, tmp_path / "other", progress=False)
+    assert a.run_id == b.run_id
+    assert a.final["val/loss"] == b.final["val/loss"]
+    assert a.final["weight/v1_continuity"] == b.final["weight/v1_continuity"]
+
+
+def test_tensorboard_event_files(store):
+    cfg = resolve(tiny_run(tracking={"tensorboard": True}))
+    result = train(cfg, store, progress=False)
+    assert list((result.run_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_wandb_offline_writes_a_local_run_under_the_store(store, monkeypatch):
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    cfg = resolve(tiny_run(tracking={"wandb": {"mode": "offline"}}))
+    result = train(cfg, store, run_name="tiny", wandb_group="g", progress=False)
+    assert result.status == "completed", result.error
+    assert list(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
