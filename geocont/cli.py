@@ -13,7 +13,11 @@ from typing import Annotated
 
 import typer
 
+from geocont.analyze import analyze_command
 from geocont.config import ConfigError
+from geocont.dashboard import dashboard_app
+from geocont.report import report_command
+from geocont.sweep.cli import sweep_app
 
 app = typer.Typer(
     name="geocont",
@@ -23,7 +27,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 results_app = typer.Typer(help="Query the results store (reads only local files).", no_args_is_help=True)
-app.add_typer(results_app, name="results")
 
 StoreOption = Annotated[Path, typer.Option("--store", help="Results store folder.")]
 
@@ -126,6 +129,14 @@ def _collect_runs(store: Path, sweep: str | None):
     if frame.is_empty():
         raise ConfigError([f"--store: {store} holds no finished runs" + (f" for sweep {sweep!r}" if sweep else "")])
     return frame
+
+
+# Order of `geocont --help`: the everyday commands first.
+app.add_typer(sweep_app, name="sweep")
+app.add_typer(results_app, name="results")
+app.command("analyze")(analyze_command)
+app.command("report")(report_command)
+app.add_typer(dashboard_app, name="dashboard")
 
 
 def main() -> None:
