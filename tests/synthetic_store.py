@@ -139,7 +139,11 @@ def _transformer_rows(cfg, rng: random.Random) -> list[dict[str, Any]]:
             for space in ("v1", "u1"):
                 aligned = (space == "v1") == (role in input_side)
                 value = _approach(0.05, target if aligned else 0.15, i, 2.0) + rng.gauss(0.0, 0.01)
+                grad = (0.8 if m.residual else 0.05) + rng.gauss(0.0, 0.01)
                 values[f"weight/{role}/{space}_continuity"] = value
-        values["update_ratio"] = 0.3 * math.log1p(i)
+                values[f"grad_cum/{role}/{space}_continuity"] = grad
+                values[f"delta_gw/{role}/{space}"] = grad - value
+            values[f"update_ratio/{role}"] = 0.3 * math.log1p(i) + rng.gauss(0.0, 0.01)
+        values["update_ratio"] = sum(values[f"update_ratio/{r}"] for r in ROLES) / len(ROLES)
         rows += [{"epoch": 1, "step": step, "name": k, "value": float(v)} for k, v in values.items()]
     return rows

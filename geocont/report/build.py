@@ -210,8 +210,32 @@ def _projection_heatmap(sweep: data.Sweep) -> Figure | None:
     )
 
 
+def _delta_heatmap(sweep: data.Sweep) -> Figure | None:
+    grid = data.projection_grid(sweep, data.ROLE_DELTA)
+    if grid.is_empty():
+        return None
+    return heatmap_figure(
+        f"{slug(sweep.name)}-delta-gw-heatmap",
+        "Final Delta_GW per projection",
+        "Delta_GW = grad_cum - weight continuity per role and space (mean over seeds): near zero where the weights "
+        "kept the coherent gradient's frame, positive where they drifted away from it.",
+        grid,
+        x="role",
+        y="variant",
+        value="value",
+        facet="space",
+        x_sort=role_sort(grid["role"].unique().to_list()),
+        y_sort=sweep.variants,
+        facet_sort=["v1", "u1"],
+        domain=(-1.0, 1.0),
+        scheme="redblue",
+        legend_title="Delta_GW",
+    )
+
+
 _MLP = (_continuity_mlp, _gradient, _delta_bars, _training, _init_scale)
-_TRANSFORMER = (_continuity_roles, _projection_heatmap, _gradient, _delta_bars, _training)
+# Per-role gradient curves would be 42 panels: transformers get Delta_GW as one role x space heatmap instead.
+_TRANSFORMER = (_continuity_roles, _projection_heatmap, _delta_heatmap, _training)
 
 
 def _paper(sweep: data.Sweep) -> Table | None:

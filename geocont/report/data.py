@@ -187,11 +187,14 @@ def finals(sweep: Sweep, names: list[str]) -> pl.DataFrame:
     )
 
 
-def projection_grid(sweep: Sweep) -> pl.DataFrame:
-    """Final per-projection continuity (mean over seeds): variant, role, space, value."""
-    names = [n for n in sweep.runs.columns if ROLE_METRIC.match(n)]
+ROLE_DELTA = re.compile(r"^delta_gw/(?P<role>[a-z]+)/(?P<space>v1|u1)$")
+
+
+def projection_grid(sweep: Sweep, pattern: re.Pattern = ROLE_METRIC) -> pl.DataFrame:
+    """Final per-projection values (mean over seeds) of the metrics `pattern` matches: variant, role, space, value."""
+    names = [n for n in sweep.runs.columns if pattern.match(n)]
     out = finals(sweep, names)
-    parts = out["metric"].str.extract_groups(ROLE_METRIC.pattern)
+    parts = out["metric"].str.extract_groups(pattern.pattern)
     return out.with_columns(role=parts.struct.field("role"), space=parts.struct.field("space")).select(
         "variant", "role", "space", value=pl.col("mean"), n=pl.col("n")
     )
@@ -233,4 +236,11 @@ def read_analysis(path: Path) -> pl.DataFrame:
         raise ConfigError(
             [f"--analysis {path}: missing columns {', '.join(missing)}; expected {', '.join(ANALYSIS_COLUMNS)}"]
         )
-    return frame.select(*ANALYSIS_COLUMNS).with_columns(pl.col("cos").abs())
+    # `geocont analyze` names the spaces input / output; figures use v1 / u1 like the training metrics.
+    space = pl.col("space").replace({"input": "v1", "output": "u1"})
+    return (
+        frame.select(*ANALYSIS_COLUMNS)
+        .with_columns(space=space, cos=pl.col("cos").abs())
+        .filter(pl.col("cos").is_finite())
+        .with_columns(gap=pl.when(pl.col("gap").is_finite()).then(pl.col("gap").round(4)), cos=pl.col("cos").round(5))
+    )

@@ -18,7 +18,6 @@ import polars as pl
 from geocont.report.data import ROLES
 
 CELL = {"width": 210, "height": 150}
-CONTINUITY_DOMAIN = [0.0, 1.0]
 SOURCES = ["reproduced", "paper"]
 
 
@@ -175,15 +174,20 @@ def heatmap_figure(
     y_sort: list[Any] | None = None,
     facet_sort: list[Any] | None = None,
     tooltip_extra: tuple[str, ...] = (),
+    domain: tuple[float, float] = (0.0, 1.0),
+    scheme: str = "viridis",
+    legend_title: str = "|cos|",
 ) -> Figure:
     """Cells coloured by continuity in [0, 1] with the value printed; one panel per `facet` value."""
     x_enc = alt.X(f"{x}:O", sort=x_sort, title=x)
     y_enc = alt.Y(f"{y}:N", sort=y_sort, title=None)
     tooltip = [f"{x}:O", f"{y}:N", f"{facet}:N", alt.Tooltip(f"{value}:Q", format=".3f"), *tooltip_extra]
     color = alt.Color(
-        f"{value}:Q", scale=alt.Scale(domain=CONTINUITY_DOMAIN, scheme="viridis"), legend=alt.Legend(title="|cos|")
+        f"{value}:Q", scale=alt.Scale(domain=domain, scheme=scheme), legend=alt.Legend(title=legend_title)
     )
     rect = alt.Chart().mark_rect().encode(x=x_enc, y=y_enc, color=color, tooltip=tooltip)
+    # Dark text on the light end of the scale: the top of viridis, the middle of a diverging scheme.
+    text_dark = f"datum['{value}'] > 0.6" if scheme == "viridis" else f"abs(datum['{value}']) < 0.5"
     text = (
         alt.Chart()
         .mark_text(fontSize=9)
@@ -191,7 +195,7 @@ def heatmap_figure(
             x=x_enc,
             y=y_enc,
             text=alt.Text(f"{value}:Q", format=".2f"),
-            color=alt.condition(f"datum['{value}'] > 0.6", alt.value("black"), alt.value("white")),
+            color=alt.condition(text_dark, alt.value("black"), alt.value("white")),
         )
     )
     n_x = len(x_sort) if x_sort else frame[x].n_unique()
