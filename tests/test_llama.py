@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from geocont.config import TransformerConfig, resolve, set_dotted
+from geocont.config import TransformerConfig, resolve
 from geocont.models.layers import RMSNorm
 from geocont.models.llama import ROLES, Attention, Block, GatedMLP, Llama, RotaryEmbedding, apply_rope
 
@@ -235,29 +235,35 @@ def test_paper_preset_has_about_34m_parameters():
 
 
 def test_paper_transformer_sweep_lists_the_six_table_configs():
-    sweep = yaml.safe_load((REPO / "sweeps" / "paper_transformer.yaml").read_text())
-    assert set(sweep) <= {"name", "base", "grid", "include", "exclude", "seeds", "search", "resources", "tracking"}
-    axes = list(sweep.get("grid") or {})
-    points = [dict(zip(axes, values)) for values in itertools.product(*(sweep["grid"][a] for a in axes))]
-    points += sweep.get("include") or []
-    configs = []
-    for overrides in points:
-        raw = dict(sweep["base"])
-        raw = yaml.safe_load(yaml.safe_dump(raw))  # deep copy
-        for path, value in overrides.items():
-            set_dotted(raw, path, value)
-        configs.append(resolve(raw))
-    rows = {(c.model.residual, c.model.activation, c.model.norm) for c in configs}
-    assert rows == {
-        (True, "silu", "rmsnorm"),
-        (True, "relu", "rmsnorm"),
-        (True, "gelu", "rmsnorm"),
-        (True, "none", "rmsnorm"),
-        (False, "silu", "rmsnorm"),
-        (True, "silu", "none"),
+    from geocont.sweep.grid import expand
+    from geocont.sweep.spec import load_sweep
+
+    trials = expand(load_sweep(REPO / "sweeps" / "paper_transformer.yaml"))
+    rows = [(t.config.model.residual, t.config.model.activation, t.config.model.norm) for t in trials]
+    assert sorted(rows) == sorted(
+        [
+            (True, "silu", "rmsnorm"),
+            (True, "relu", "rmsnorm"),
+            (True, "gelu", "rmsnorm"),
+            (True, "none", "rmsnorm"),
+            (False, "silu", "rmsnorm"),
+            (True, "silu", "none"),
+        ]
+    )
+    assert all(t.config.preset == "transformer-cpu" for t in trials)
+
+
+def test_paper_transformer_sweep_scales_up_with_one_override():
+    from geocont.sweep.grid import expand
+    from geocont.sweep.spec import parse_sweep
+
+    raw = yaml.safe_load((REPO / "sweeps" / "paper_transformer.yaml").read_text())
+    raw["base"]["preset"] = "paper-transformer"
+    trials = expand(parse_sweep(raw))
+    assert len(trials) == 6
+    assert {(t.config.model.depth, t.config.model.width, t.config.data.name) for t in trials} == {
+        (8, 512, "wikitext103")
     }
-    assert len(configs) == 6
-    assert all(c.preset == "transformer-cpu" for c in configs)
 
 
 @pytest.mark.gpu
