@@ -13,7 +13,8 @@ $(BIN)/.installed: pyproject.toml
 	touch $@
 
 demo: $(BIN)/.installed
-	$(BIN)/geocont train paper-mlp --store $(STORE) --no-progress
+	$(BIN)/geocont sweep launch sweeps/paper_mlp.yaml --store $(STORE)
+	$(BIN)/geocont results table --store $(STORE) --sweep paper-mlp --paper mlp
 
 test: $(BIN)/.installed
 	$(BIN)/ruff check geocont tests benchmarks

@@ -111,7 +111,8 @@ def results_table(
     if paper is not None:
         from geocont.paper import paper_table
 
-        typer.echo(render(paper_table(frame, paper.value), format.value))
+        table = paper_table(frame, paper.value)
+        typer.echo(render(mean_std_columns(table) if format == Format.md else table, format.value))
         return
     table = aggregate_table(frame)
     typer.echo(render(mean_std_columns(table) if format == Format.md else table, format.value))

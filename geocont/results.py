@@ -52,13 +52,16 @@ def aggregate_table(frame: pl.DataFrame) -> pl.DataFrame:
 
 
 def mean_std_columns(frame: pl.DataFrame) -> pl.DataFrame:
-    """Fold '<m> mean' / '<m> std' column pairs into one '<m>' text column '0.959 ± 0.004'."""
-    out = frame
-    for name in [c[: -len(" mean")] for c in frame.columns if c.endswith(" mean")]:
-        mean, std = frame.get_column(f"{name} mean"), frame.get_column(f"{name} std")
-        text = [_pm(m, s) for m, s in zip(mean.to_list(), std.to_list())]
-        out = out.drop(f"{name} mean", f"{name} std").with_columns(pl.Series(name, text))
-    return out
+    """Fold '<m> mean' / '<m> std' column pairs into one '<m>' text column '0.959 ± 0.004', in place."""
+    columns = []
+    for column in frame.columns:
+        if column.endswith(" mean") and f"{column[:-5]} std" in frame.columns:
+            name = column[: -len(" mean")]
+            pairs = zip(frame.get_column(column).to_list(), frame.get_column(f"{name} std").to_list())
+            columns.append(pl.Series(name, [_pm(m, s) for m, s in pairs]))
+        elif not (column.endswith(" std") and f"{column[:-4]} mean" in frame.columns):
+            columns.append(frame.get_column(column))
+    return pl.DataFrame(columns)
 
 
 def _pm(mean: float | None, std: float | None) -> str:
