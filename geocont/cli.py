@@ -143,7 +143,7 @@ app.add_typer(dashboard_app, name="dashboard")
 def main() -> None:
     """Console-script entry: user errors become one-line messages and exit code 2."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # in this mode click returns a typer.Exit's code instead of exiting
     except ConfigError as err:
         for line in err.problems:
             typer.echo(f"error: {line}", err=True)
@@ -160,6 +160,7 @@ def main() -> None:
             err.show()
             sys.exit(err.exit_code)
         raise
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
