@@ -20,6 +20,8 @@ from geocont import store
 from geocont.config import RunConfig
 from geocont.lit.callbacks import MetricsHook
 
+LOG_EVERY_N_STEPS = 10  # train/loss to the loggers every 10 batches
+
 
 @dataclass(frozen=True)
 class RunResult:
@@ -40,6 +42,7 @@ def _quiet_lightning() -> None:
     for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    warnings.filterwarnings("ignore", message=".*overridden `transfer_batch_to_device`.*")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")  # our skip of a NaN step
     warnings.filterwarnings("ignore", message=".*is an invalid version and will not be supported.*")
@@ -149,10 +152,10 @@ class _Session:
         cfg, datamodule = self.cfg, self.datamodule
         if cfg.model.kind == "mlp":
             model = build_model(cfg, in_features=datamodule.in_features, num_classes=datamodule.num_classes)
-            module = Classifier(model, cfg.optim)
+            module = Classifier(model, cfg.optim, LOG_EVERY_N_STEPS)
         else:
             model = build_model(cfg, vocab_size=datamodule.vocab_size)
-            module = LanguageModel(model, cfg.optim)
+            module = LanguageModel(model, cfg.optim, LOG_EVERY_N_STEPS)
         monitor = GeometryMonitor(self.on_metrics, language_model=cfg.model.kind == "transformer")
         return module, monitor
 
@@ -169,7 +172,7 @@ class _Session:
             callbacks=[monitor],
             val_check_interval=every,
             check_val_every_n_epoch=None if every else 1,
-            log_every_n_steps=10,
+            log_every_n_steps=LOG_EVERY_N_STEPS,
             num_sanity_val_steps=0,
             enable_checkpointing=False,
             enable_model_summary=False,
