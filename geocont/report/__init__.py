@@ -7,16 +7,18 @@ builders), build (which figures a sweep gets), page (HTML and PNG/SVG export).
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from geocont.config import ConfigError
-from geocont.report import data, page
-from geocont.report.build import Section, analysis_section, sweep_section
+
+if TYPE_CHECKING:  # altair and polars load only when a report is built: `geocont --help` stays fast
+    from geocont.report.build import Section
 
 __all__ = ["Report", "build_report", "report_command", "write_report"]
 
@@ -28,11 +30,16 @@ class Report:
     sections: list[Section]
 
     def html(self) -> str:
+        from geocont.report import page
+
         return page.render(self.title, self.subtitle, self.sections)
 
 
 def build_report(store: Path, sweep: str | None = None, analysis: list[Path] | None = None) -> Report:
     """Every sweep of the store (or the one named) and every analysis file, as sections of figures and tables."""
+    from geocont.report import data, page
+    from geocont.report.build import analysis_section, sweep_section
+
     analysis = analysis or []
     sweeps = data.load_sweeps(store, sweep) if (store.is_dir() or not analysis) else []
     sections = [sweep_section(s) for s in sweeps]
@@ -44,13 +51,22 @@ def build_report(store: Path, sweep: str | None = None, analysis: list[Path] | N
 
 def write_report(report: Report, output: Path, figures: Path | None = None) -> list[Path]:
     """Write the HTML (atomically) and, when asked, PNG + SVG of every figure; returns the files written."""
+    from geocont.report import page
     from geocont.store import atomic_write_text
 
     atomic_write_text(output, report.html())
+    _shareable(output)
     written = [output]
     if figures is not None:
         written += page.export_figures(report.sections, figures)
     return written
+
+
+def _shareable(path: Path) -> None:
+    """The atomic writer's temp file is private (0600); a report is for sharing: the usual umask-based mode."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o666 & ~umask)
 
 
 def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: list[Path]) -> None:

@@ -154,14 +154,15 @@ def _init_scale(sweep: data.Sweep) -> Figure | None:
     if not data.is_init_scale(sweep) or not names:
         return None
     frame = data.curves(sweep, names)
-    peak = pl.col("mean") == pl.col("mean").max().over("variant", "metric")
-    frame = frame.with_columns(peak=peak & (pl.col("metric") == "weight/v1_continuity"))
+    # A dot at each curve's peak: on weight/v1 the end of formation. Every panel gets dots, so none has an
+    # empty point layer (Vega warns about the infinite extent of an empty one).
+    frame = frame.with_columns(peak=pl.col("mean") == pl.col("mean").max().over("variant", "metric"))
     return curves_figure(
         f"{slug(sweep.name)}-init-scale",
         "Init-scale dynamics: formation, then collapse",
         "With a tiny init the first updates dominate W(0): weight continuity forms at once from the coherent "
-        "residual gradient (dot = peak), then, without symmetry breaking, the layers drift apart along the "
-        "flat rotational directions and continuity collapses.",
+        "residual gradient (dots: each curve's peak), then, without symmetry breaking, the layers drift apart "
+        "along the flat rotational directions and continuity collapses.",
         frame,
         names,
         sweep.variants,

@@ -33,7 +33,8 @@ class Sweep:
     runs: pl.DataFrame
     metrics: pl.DataFrame  # run_id, variant, x, name, value (finite values of completed runs only)
     x: str  # "epoch", or "step" when every run logs within one epoch (language models)
-    variants: list[str]  # in a stable, readable order
+    variants: list[str]  # variants with a completed run (what figures draw), in the paper's order
+    all_variants: list[str]  # every variant, failed and diverged ones too (the status table)
     variant_keys: list[str]  # config columns that vary across the sweep (seed excluded)
 
     @property
@@ -74,8 +75,10 @@ def _sweep(name: str, runs: pl.DataFrame, long: pl.DataFrame) -> Sweep:
         .agg(pl.col("value").last())
         .rename({x: "x"})
     )
-    variants = sorted(set(runs["variant"]), key=lambda v: _variant_order(runs, v, keys))
-    return Sweep(name=name, kind=kind, runs=runs, metrics=rows, x=x, variants=variants, variant_keys=keys)
+    every = sorted(set(runs["variant"]), key=lambda v: _variant_order(runs, v, keys))
+    drawn = set(completed["variant"])
+    variants = [v for v in every if v in drawn]
+    return Sweep(name, kind, runs, rows, x, variants, every, keys)
 
 
 def _epochs_per_run(rows: pl.DataFrame) -> int:
@@ -204,7 +207,7 @@ def status_counts(sweep: Sweep) -> pl.DataFrame:
     """Runs per variant and status (completed / failed / diverged), variants in legend order."""
     counts = sweep.runs.group_by("variant", "status").len().pivot(on="status", index="variant", values="len")
     statuses = [s for s in store.FINAL_STATUSES if s in counts.columns]
-    order = {v: i for i, v in enumerate(sweep.variants)}
+    order = {v: i for i, v in enumerate(sweep.all_variants)}
     return (
         counts.select("variant", *statuses)
         .fill_null(0)
