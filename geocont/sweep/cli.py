@@ -75,7 +75,7 @@ def status(
     console = _stdout()
     console.print(f"sweep {name}: {sum(counts.values())} trials  ", summary(counts), highlight=False)
     metric = sweep.search.metric if sweep.search else None
-    console.print(table(rows, [m for m in (metric, *_metrics()) if m], run_ids=True))
+    console.print(table(rows, dict.fromkeys(m for m in (metric, *_metrics()) if m), run_ids=True))
     if counts.get("pending") or counts.get("failed") or counts.get("started"):
         console.print(f"to finish it: geocont sweep resume {name} --store {store}", style="dim", highlight=False)
 
@@ -117,20 +117,18 @@ def _report(run) -> None:
 def main() -> None:
     """`python -m geocont.sweep.cli ...`: the sub-app on its own, with the main CLI's error handling."""
     try:
-        sweep_app(standalone_mode=False)
+        code = sweep_app(standalone_mode=False)  # click returns a typer.Exit's code in this mode
     except ConfigError as err:
         for line in err.problems:
             typer.echo(f"error: {line}", err=True)
         sys.exit(2)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
     except Exception as err:
-        import click
-
-        if isinstance(err, click.ClickException):
+        # Usage errors (typer vendors click as typer._click: `click.ClickException` does not match them).
+        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
             err.show()
             sys.exit(err.exit_code)
         raise
+    sys.exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -146,7 +146,7 @@ def check(sweep: SweepConfig) -> list[str]:
     try:
         base = resolve(raw, prefix="base")
     except ConfigError as err:
-        return err.problems
+        return [_say_allowed(line, "base", _default_paths(raw)) for line in err.problems]
     paths = _known_paths(base)
     problems = _grid_problems(sweep, raw, paths)
     problems += _include_problems(sweep, raw, paths)
@@ -184,6 +184,12 @@ def _known_paths(base: RunConfig) -> dict[str, list[str]]:
     return sections
 
 
+def _default_paths(raw: dict[str, Any]) -> dict[str, list[str]]:
+    """Sections of a default config of the base's model kind, for a base that does not resolve."""
+    kind = raw.get("model", {}).get("kind") if isinstance(raw.get("model"), dict) else None
+    return _known_paths(RunConfig.model_validate({"model": {"kind": kind}} if kind in ("mlp", "transformer") else {}))
+
+
 def _resolve_lines(
     raw: dict[str, Any], overrides: dict[str, Any], prefix: str, paths: dict[str, list[str]]
 ) -> list[str]:
@@ -210,9 +216,13 @@ def _grid_problems(sweep: SweepConfig, raw: dict[str, Any], paths: dict[str, lis
         if axis == SEED_PATH:
             problems.append(f"grid.{axis}: seeds are not a grid axis; list them under seeds: [...]")
             continue
-        lines = []
+        lines: list[str] = []
         for value in values:
-            lines += [line for line in _resolve_lines(raw, {axis: value}, "grid", paths) if line not in lines]
+            for line in _resolve_lines(raw, {axis: value}, "grid", paths):
+                if line.startswith("grid: "):  # a rule across fields: say which value broke it
+                    line = f"grid.{axis}: {format_value(value)!r} conflicts with the base: {line[6:]}"
+                if line not in lines:
+                    lines.append(line)
         problems += lines
         if not lines:
             problems += _repeats(f"grid.{axis}", [_coerced(raw, {axis: v})[axis] for v in values])

@@ -54,17 +54,18 @@ class SweepView:
     def __init__(self, console: Console | None = None, live: bool | None = None):
         self.console = console or Console(stderr=True)
         self.live = self.console.is_terminal if live is None else live
-        self.sweep, self.metrics = "", METRICS
+        self.sweep, self.metrics, self.total = "", METRICS, 0
         self.rows: dict[str, Row] = {}
         self.started = time.monotonic()
         self._lock = threading.Lock()
 
     # -- fed by the runner ----------------------------------------------------------------------
-    def begin(self, sweep: Any, trials: Iterable[Any], pending: set[str]) -> None:
+    def begin(self, sweep: Any, trials: list[Any], pending: set[str]) -> None:
         """The sweep (a SweepConfig) and its trials; those not pending are already in the store."""
         metric = sweep.search.metric if sweep.search is not None else None
         with self._lock:
             self.sweep, self.started = sweep.name, time.monotonic()
+            self.total = sweep.search.n_trials if sweep.search is not None else len(trials)
             self.metrics = tuple(dict.fromkeys([*([metric] if metric else []), *METRICS]))
             for t in trials:
                 self.rows[t.run_id] = Row(t.name, t.run_id, "pending" if t.run_id in pending else "skipped")
@@ -89,7 +90,7 @@ class SweepView:
 
     def _update(self, row: Row, result: dict[str, Any]) -> None:
         row.epoch = result.get("epoch", row.epoch)
-        row.node = result.get("node_ip", row.node)
+        row.node = result.get("node", row.node)
         row.values.update({k: result[k] for k in self.metrics if isinstance(result.get(k), int | float)})
 
     @contextlib.contextmanager
@@ -124,7 +125,8 @@ class SweepView:
     def _line(self, row: Row) -> Text:
         done = sum(n for s, n in self.counts().items() if s not in ("pending", "running", "retrying"))
         values = "  ".join(f"{k}={format_metric(v)}" for k, v in list(row.values.items())[:3])
-        line = Text(f"[{done}/{len(self.rows)}] ") + Text(f"{row.status:9}", style=STYLES.get(row.status, ""))
+        status = Text(f"{row.status:9}", style=STYLES.get(row.status, ""))
+        line = Text(f"[{done}/{max(self.total, len(self.rows))}] ") + status
         return line + Text(f" {row.name}  {values}  {row.error}".rstrip())
 
 

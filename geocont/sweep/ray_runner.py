@@ -323,21 +323,36 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int) -
     def on_metrics(epoch: int, step: int, values: dict[str, float]) -> None:
         nonlocal last_epoch
         last_epoch = epoch
-        tune.report({"epoch": epoch, "step": step, **values})
+        tune.report({"epoch": epoch, "step": step, "node": info["node"], **values})
 
-    result = train(
-        RunConfig.model_validate(spec["config"]),
-        store,
-        sweep,
-        on_metrics=on_metrics,
-        run_name=spec["name"],
-        wandb_group=sweep,
-        info=info,
-        progress=False,
-    )
+    cfg = RunConfig.model_validate(spec["config"])
+    try:
+        result = train(
+            cfg,
+            store,
+            sweep,
+            on_metrics=on_metrics,
+            run_name=spec["name"],
+            wandb_group=sweep,
+            info=info,
+            progress=False,
+        )
+    except Exception as err:  # train() raises for bad input met only here (a missing data folder): still a trial
+        error = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+        record_failure(Path(store), sweep, cfg, spec["name"], error, info)
+        raise TrialFailed(f"{spec['name']}: {error}") from None  # a plain message: any exception must unpickle
     if result.status == "failed":
         raise TrialFailed(f"{spec['name']}: {result.error}")
-    tune.report({"epoch": last_epoch, "run_status": result.status, **result.final})
+    tune.report({"epoch": last_epoch, "node": info["node"], "run_status": result.status, **result.final})
+
+
+def record_failure(store: Path, sweep: str, config: Any, name: str, error: str, info: dict[str, Any]) -> None:
+    """The store's record of a trial whose train() raised instead of recording the failure itself."""
+    folder = results.run_dir(store, sweep, config.run_id())
+    results.write_config(folder, config.to_dict())
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    record = {"run_id": config.run_id(), "sweep": sweep, "status": "failed", "name": name, "error": error}
+    results.write_run_info(folder, {**record, "started": stamp, "finished": stamp, **info})
 
 
 def tuner(
@@ -354,6 +369,9 @@ def tuner(
     os.environ.setdefault("TUNE_DISABLE_AUTO_CALLBACK_LOGGERS", "1")
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     logging.getLogger("ray.tune.analysis.experiment_analysis").setLevel(logging.ERROR)
+    # A failed trial is shown by the view and recorded in the store (error.txt); no traceback on the terminal.
+    for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     fn = tune.with_parameters(trainable, store=str(store), sweep=sweep.name, threads=sweep.resources.threads())
     param_space = tune_config.pop("param_space", None)
     return tune.Tuner(
@@ -429,16 +447,18 @@ class AttemptTracker(tune.Callback):
         self._tell("retry", trial)
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._tell("error", trial, {"error": _first_line(trial.error_file)})
+        self._tell("error", trial, {"error": _first_line(trial.error_file, trial.config["trial"]["name"])})
 
     def _tell(self, event: str, trial: Any, result: dict | None = None) -> None:
         if self.view is not None:
             self.view.event(event, trial.config["trial"], result or {})
 
 
-def _first_line(error_file: str | None) -> str:
-    """The exception line of a Tune error file (its last non-empty line)."""
+def _first_line(error_file: str | None, name: str) -> str:
+    """The error of a failed trial: the last line of Tune's error file, less our own wrapping."""
     if not error_file or not os.path.isfile(error_file):
         return ""
     lines = [ln for ln in Path(error_file).read_text().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
+    line = lines[-1] if lines else ""
+    _, wrapped, message = line.partition(f"{TrialFailed.__name__}: {name}: ")
+    return (message if wrapped else line)[:300]

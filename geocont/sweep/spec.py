@@ -92,7 +92,7 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepConfig:
     try:
         sweep = SweepConfig.model_validate(data)
     except ValidationError as err:
-        raise ConfigError([_with_source(source, line) for line in describe_errors(err)]) from None
+        raise ConfigError([_with_source(source, _say_allowed(line)) for line in describe_errors(err)]) from None
     problems = shape_problems(sweep)
     if not problems:
         from geocont.sweep.grid import check  # grid builds on this module; imported late to avoid a cycle
@@ -115,6 +115,19 @@ def sweep_from_text(text: str, source: str) -> SweepConfig:
 
 def _with_source(source: str, line: str) -> str:
     return f"{source}: {line}"
+
+
+def _say_allowed(line: str) -> str:
+    """'resources.memory: unknown key' -> '...; allowed: cpu, gpu' (the keys of that section of the file)."""
+    where, _, what = line.partition(": ")
+    if what != "unknown key":
+        return line
+    section = where.rpartition(".")[0] if "." in where else ""
+    if section.startswith("search.space."):
+        model: type[BaseModel] | None = SpaceParam
+    else:
+        model = {"": SweepConfig, "resources": Resources, "search": SearchConfig}.get(section)
+    return f"{line}; allowed: {', '.join(model.model_fields)}" if model else line
 
 
 def shape_problems(sweep: SweepConfig) -> list[str]:
