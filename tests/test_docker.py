@@ -1,0 +1,213 @@
+"""Static checks of docker/ (Docker cannot run here): the files parse, every path and command they name exists,
+and every `geocont` command in them (and in the docs) parses with the real CLI."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import ray
+import typer
+import yaml
+
+from geocont.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+IMAGE_WORKDIR = "/home/ray/geocont"  # the Dockerfile's WORKDIR: the repository root inside the image
+STORE_MOUNT = "/mnt/geocont"
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", (DOCKER / "Dockerfile").read_text())
+    steps = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            steps.append((word.upper(), rest.strip()))
+    return steps
+
+
+def command_text(path: Path) -> str:
+    """The parts of a file that are shell commands: Dockerfile RUN/CMD, YAML command and entrypoint strings,
+    markdown code blocks, and indented usage examples in comments ("#   ray up ...")."""
+    text = path.read_text()
+    examples = [line.split("#", 1)[1] for line in text.splitlines() if re.match(r"\s*#\s{2,}\S", line)]
+    if path.suffix == ".md":
+        return "\n".join(re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S))
+    if path.suffix in (".yaml", ".yml"):
+        return "\n".join(examples + list(_command_strings(yaml.safe_load(text))))
+    steps = [(w, a) for w, a in dockerfile() if w in ("RUN", "CMD", "ENTRYPOINT")]
+    return "\n".join(examples + [" ".join(json.loads(a)) if a.startswith("[") else a for _, a in steps])
+
+
+def _command_strings(node, key: str = ""):
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _command_strings(v, str(k))
+    elif isinstance(node, list):
+        for item in node:
+            yield from _command_strings(item, key)
+    elif isinstance(node, str) and ("command" in key or key == "entrypoint"):
+        yield node
+
+
+def geocont_commands(text: str) -> list[list[str]]:
+    """Every `geocont ...` invocation at a command position (line start, after &&, ;, |, a quote or `--`),
+    up to the next shell separator; lines with placeholders like [--set ...] or <DIR> are skipped."""
+    commands = []
+    for match in re.finditer(r"(?:^|&&|;|\||\$\(|\"|--\s)\s*geocont((?:[ \t]+[^\s;&|>\"`)\\]+)*)", text, flags=re.M):
+        words = shlex.split(match.group(1), comments=True)
+        if not any(w in ("...", "[", "]") or w.startswith(("[", "<")) for w in words):
+            commands.append(words)
+    return commands
+
+
+def check_cli(args: list[str]) -> None:
+    """Parse args with geocont's command tree (typer's vendored click), as the shell would run them, running nothing:
+    an unknown command or option, a missing value or argument raises."""
+
+    def rest(ctx) -> list[str]:  # a group's unparsed words: the subcommand name, then its arguments
+        return [*ctx._protected_args, *ctx.args]
+
+    command = typer.main.get_command(app)
+    try:
+        ctx = command.make_context("geocont", list(args), resilient_parsing=False)
+        while hasattr(command, "resolve_command") and rest(ctx):
+            name, command, words = command.resolve_command(ctx, rest(ctx))
+            ctx = command.make_context(name, words, parent=ctx, resilient_parsing=False)
+    except Exception as done:  # --help prints, then exits 0: a valid command
+        if getattr(done, "exit_code", None) != 0 or type(done).__name__ != "Exit":
+            raise
+
+
+def in_image(path: str) -> Path:
+    """Where a path used inside the image comes from in this repository."""
+    return ROOT / path.removeprefix(IMAGE_WORKDIR).lstrip("/")
+
+
+def test_dockerfile_base_user_and_pins():
+    steps = dockerfile()
+    base = next(arg for word, arg in steps if word == "FROM")
+    assert re.fullmatch(r"rayproject/ray:(\d+\.\d+\.\d+)-py311-gpu", base)
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    ray_pin = re.search(r'"ray\[tune\]==([\d.]+)"', pyproject).group(1)
+    assert base.split(":")[1].split("-")[0] == ray_pin == ray.__version__  # one Ray everywhere
+    assert '"torch==2.13.0"' in pyproject  # the pin that gives the CUDA build on a CUDA machine
+    users = [arg for word, arg in steps if word == "USER"]
+    assert users and users[-1] not in ("root", "0")  # runs as the image's non-root `ray` user
+    assert ("WORKDIR", IMAGE_WORKDIR) in steps
+    assert any(word == "RUN" and 'pip install ".[dashboards]"' in arg for word, arg in steps)
+
+
+def test_dockerfile_copies_exist_and_pass_the_dockerignore():
+    ignore = [line.strip() for line in (DOCKER / "Dockerfile.dockerignore").read_text().splitlines()]
+    rules = [line for line in ignore if line and not line.startswith("#")]
+
+    def included(path: str) -> bool:  # Docker's rule: the last matching pattern wins
+        keep = True
+        for rule in rules:
+            negate, pattern = rule.startswith("!"), rule.lstrip("!")
+            if fnmatch.fnmatch(path, pattern) or fnmatch.fnmatch(path, pattern.removesuffix("/**")):
+                keep = negate
+        return keep
+
+    copies = [arg for word, arg in dockerfile() if word == "COPY"]
+    assert copies
+    for arg in copies:
+        *sources, _dest = [w for w in shlex.split(arg) if not w.startswith("--")]
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: missing from the repository"
+            assert included(source), f"COPY {source}: excluded by Dockerfile.dockerignore"
+    for secret_or_bulk in (".venv", "geocont-results", "wandb", ".git", "tests/conftest.py"):
+        assert not included(secret_or_bulk), secret_or_bulk
+
+
+def test_ray_cluster_config_validates_with_rays_schema():
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
+    validate_config(prepare_config(config))  # Ray's own schema and checks (raises on any mistake)
+    broken = {**config, "worker_nodes_typo": {}}
+    with pytest.raises(Exception):
+        validate_config(prepare_config(broken))
+
+    nodes = config["available_node_types"]
+    assert config["head_node_type"] in nodes
+    assert any(node["resources"].get("GPU", 0) >= 1 for node in nodes.values())
+    options = " ".join(config["docker"]["run_options"])
+    assert re.search(r"--shm-size=\d+g", options)
+    assert f"--volume {STORE_MOUNT}:{STORE_MOUNT}" in options
+    assert "RAY_AUTH_MODE=token" in options
+    assert any(STORE_MOUNT in cmd and "mount" in cmd for cmd in config["initialization_commands"])
+
+
+def test_kuberay_rayjob_runs_the_paper_sweep_on_gpus_with_shared_store_and_secrets():
+    job = yaml.safe_load((DOCKER / "kuberay-rayjob.yaml").read_text())
+    assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["rayVersion"] == ray.__version__
+    head = cluster["headGroupSpec"]["template"]["spec"]
+    (worker_group,) = cluster["workerGroupSpecs"]
+    worker = worker_group["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    for pod in (head, worker):
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: m["name"] for m in pod["containers"][0]["volumeMounts"]}
+        assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+        assert "persistentVolumeClaim" in volumes[mounts[STORE_MOUNT]]
+        env = {e["name"]: e for e in pod["containers"][0]["env"]}
+        assert env["RAY_AUTH_MODE"]["value"] == "token"
+        assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]  # from a Secret, never a literal
+        assert all("value" not in e for name, e in env.items() if "TOKEN" in name or "KEY" in name)
+    entry = job["spec"]["entrypoint"]
+    assert "geocont sweep launch sweeps/paper_mlp.yaml --address auto" in entry
+    assert f"--store {STORE_MOUNT}/" in entry
+
+
+def test_paths_named_in_docker_files_exist():
+    """Paths under the image's WORKDIR are this repository's files; sweep files also load as sweeps."""
+    from geocont.sweep.spec import load_sweep
+
+    text = "\n".join(p.read_text() for p in sorted(DOCKER.iterdir()) if p.is_file())
+    paths = set(re.findall(r"(?<![\w/])(sweeps/[\w.-]+\.yaml|docker/[\w.-]+)", text))
+    paths |= {m for m in re.findall(rf"{IMAGE_WORKDIR}(/[\w./-]*)?", text) if m}
+    assert "sweeps/paper_mlp.yaml" in paths
+    for path in paths:
+        assert in_image(path).exists(), path
+        if path.startswith("sweeps/"):
+            load_sweep(ROOT / path)
+
+
+DOC_FILES = [DOCKER / "Dockerfile", DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml",
+             ROOT / "dashboards" / "README.md", ROOT / "README.md"]  # fmt: skip
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: p.name)
+def test_geocont_commands_in_files_parse_with_the_cli(path):
+    commands = geocont_commands(command_text(path))
+    if path.parent == DOCKER or path.parent.name == "dashboards":
+        assert commands, f"{path.name}: expected geocont commands"
+    for args in commands:
+        try:
+            check_cli(args)
+        except Exception as err:
+            raise AssertionError(f"{path.name}: `geocont {' '.join(args)}` does not parse: {err}") from None
+
+
+def test_the_command_checker_rejects_bad_commands():
+    check_cli(["sweep", "launch", "sweeps/paper_mlp.yaml", "--address", "auto", "--store", "/mnt/x"])
+    for bad in (["sweep", "lunch", "x.yaml"], ["report", "--no-such-flag"], ["sweep", "launch", "--address"]):
+        with pytest.raises(Exception):
+            check_cli(bad)
+    found = geocont_commands(
+        'geocont --help > /dev/null && x\nbash -c "cd /x && geocont report -o r.html"\nprose geocont on'
+    )
+    assert found == [["--help"], ["report", "-o", "r.html"]]
