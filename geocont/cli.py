@@ -65,11 +65,14 @@ def train(
     typer.echo(f"{result.status}: run {result.run_id} -> {result.run_dir}")
     if result.error:
         typer.echo(f"error: {result.error}", err=True)
-    from geocont.results import KEY_METRICS
+    from geocont.results import KEY_METRICS, markdown, role_table
 
     for name in KEY_METRICS:
         if name in result.final:
             typer.echo(f"  {name:28s} {result.final[name]:.4f}")
+    roles = role_table(result.final)
+    if roles is not None:
+        typer.echo(markdown(roles))
     if result.status == "failed":
         raise typer.Exit(1)
 

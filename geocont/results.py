@@ -31,6 +31,26 @@ def varying_config_columns(frame: pl.DataFrame) -> list[str]:
     return columns
 
 
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+def role_table(final: dict[str, float]) -> pl.DataFrame | None:
+    """Per-projection weight continuity of a transformer run (None for a model without roles)."""
+    rows = [
+        {
+            "role": role,
+            "weight v1": final.get(f"weight/{role}/v1_continuity"),
+            "weight u1": final.get(f"weight/{role}/u1_continuity"),
+            "sigma2 v": final.get(f"weight/{role}/sigma2_continuity"),
+            "grad_cum v1": final.get(f"grad_cum/{role}/v1_continuity"),
+            "delta_gw v1": final.get(f"delta_gw/{role}/v1"),
+        }
+        for role in ROLES
+        if f"weight/{role}/v1_continuity" in final
+    ]
+    return pl.DataFrame(rows) if rows else None
+
+
 def runs_table(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per run: sweep, id, status, the varying config, seed, and the key metrics present."""
     variant = varying_config_columns(frame)
