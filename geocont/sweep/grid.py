@@ -89,7 +89,8 @@ def name_keys(sweep: SweepConfig) -> list[str]:
 def trial_name(config: RunConfig, keys: list[str]) -> str:
     """'act=gelu res=false seed=1': each key's value read from the resolved config."""
     tree = config.to_dict()
-    leaves = [k.rsplit(".", 1)[-1] for k in keys]
+    # A section's `name` reads best as the section ("optim=sgd", "data=mnist"); other fields by their leaf.
+    leaves = [k.split(".")[-2] if k.endswith(".name") and "." in k else k.rsplit(".", 1)[-1] for k in keys]
     parts = []
     for key, leaf in zip(keys, leaves):
         label = SHORT_NAMES.get(leaf, leaf) if leaves.count(leaf) == 1 else key

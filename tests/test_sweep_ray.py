@@ -1,0 +1,167 @@
+"""Sweeps on a real embedded Ray, driven through the real CLI (`python -m geocont.cli sweep ...`).
+
+Covers: retries of a failing trial while the others finish, a diverging trial recorded once, the
+node in run.json, `status`; SIGKILL of the driver then `resume` with exact counts (no run lost,
+none repeated, no partial file, no orphaned Ray process); an optuna search landing in the store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from geocont import store as results
+from geocont.sweep.grid import expand
+from geocont.sweep.spec import load_sweep
+
+pytestmark = pytest.mark.slow
+
+TINY = {
+    "model": {"kind": "mlp", "depth": 3, "width": 16},
+    "data": {"name": "digits"},
+    "train": {"epochs": 1, "batch_size": 128},
+}
+OFF = {"wandb": {"mode": "disabled"}, "tensorboard": False}
+
+
+def write_sweep(folder: Path, **fields) -> Path:
+    path = folder / f"{fields['name']}.yaml"
+    path.write_text(yaml.safe_dump({"base": TINY, "tracking": OFF, **fields}, sort_keys=False))
+    return path
+
+
+def geocont(*args: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "geocont.cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=timeout)
+    return proc.returncode, out, err
+
+
+def run_infos(store: Path, sweep: str) -> dict[str, dict]:
+    return {info["run_id"]: info for info in results.list_run_infos(store, sweep)}
+
+
+def assert_no_ray_left(driver_pid: int) -> None:
+    """The embedded Ray of that driver is gone: no folder, no process holding a file in it."""
+    from geocont.sweep.ray_runner import EMBEDDED_ROOT, ray_processes
+
+    folder = EMBEDDED_ROOT / str(driver_pid)
+    assert not folder.exists()
+    assert ray_processes(folder) == []
+
+
+def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
+    path = write_sweep(
+        tmp_path,
+        name="local",
+        grid={"model.activation": ["relu", "none"]},
+        include=[
+            {"model.depth": 1},  # raises inside training (continuity needs two layers): retried, then failed
+            {"model.activation": "none", "optim.name": "sgd", "optim.lr": 1.0e8},  # non-finite loss: diverged
+        ],
+        seeds=[0],
+        retries=1,
+    )
+    store = tmp_path / "store"
+    proc = geocont("launch", str(path), "--store", str(store))
+    code, out, err = finish(proc)
+    assert code == 1, out + err  # a failed trial makes the launch exit 1
+    trials = {t.name: t for t in expand(load_sweep(path))}
+    infos = run_infos(store, "local")
+    status = {name: infos[t.run_id]["status"] for name, t in trials.items()}
+    failed = next(n for n, s in status.items() if "depth=1" in n)
+    diverged = next(n for n in status if "optim=sgd" in n)
+    assert status.pop(failed) == "failed" and status.pop(diverged) == "diverged"
+    assert set(status.values()) == {"completed"} and len(status) == 2
+    assert "at least two layers" in infos[trials[failed].run_id]["error"]
+    retried = next(line for line in out.splitlines() if line.startswith("retried:"))
+    assert f"{trials[failed].run_id} (2 attempts)" in retried and trials[diverged].run_id not in retried
+    for name, t in trials.items():
+        assert infos[t.run_id]["name"] == name
+        assert infos[t.run_id]["node"].startswith("127.0.0.1/")  # the node the trial ran on
+    assert "Traceback" not in err
+    assert_no_ray_left(proc.pid)
+
+    code, out, _ = finish(geocont("status", "local", "--store", str(store)))
+    assert code == 0
+    assert "1 failed" in out and "1 diverged" in out and "2 completed" in out
+    assert "ValueError" in out  # the error, in the note column
+
+
+def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
+    path = write_sweep(
+        tmp_path,
+        name="killed",
+        base={**TINY, "train": {"epochs": 3, "batch_size": 32}},
+        grid={"model.activation": ["relu", "gelu", "none"]},
+        seeds=[0, 1],
+    )
+    store, sweep = tmp_path / "store", "killed"
+    trials = expand(load_sweep(path))
+    proc = geocont("launch", str(path), "--store", str(store))
+    deadline = time.monotonic() + 600
+    while not results.list_run_infos(store, sweep) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.parent.name: p.read_text() for p in (store / sweep).glob("*/run.json")}
+    assert 1 <= len(before) < len(trials), "the kill must land mid-sweep"
+
+    resumed = geocont("resume", sweep, "--store", str(store))
+    code, out, err = finish(resumed)
+    assert code == 0, out + err
+    assert f"ran {len(trials) - len(before)}, {len(before)} already in the store" in out
+    # Exactly one completed run per trial; none lost, none repeated, nothing partial.
+    folders = {p.name for p in (store / sweep).iterdir() if p.is_dir()}
+    assert folders == {t.run_id for t in trials}
+    for t in trials:
+        files = {p.name for p in results.run_dir(store, sweep, t.run_id).iterdir()}
+        assert files == {"config.yaml", "metrics.parquet", "run.json"}
+        assert json.loads((results.run_dir(store, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
+    for run_id, text in before.items():  # runs finished before the kill were not run again
+        assert (store / sweep / run_id / "run.json").read_text() == text
+    assert_no_ray_left(proc.pid)  # the killed driver's orphans were stopped by the resume
+    assert_no_ray_left(resumed.pid)
+
+    code, out, _ = finish(geocont("launch", str(path), "--store", str(store)))
+    assert code == 0 and f"ran 0, {len(trials)} already in the store" in out and "Ray start-up 0.0 s" in out
+
+
+def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
+    search = {
+        "metric": "val/acc",
+        "mode": "max",
+        "n_trials": 3,
+        "space": {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}},
+    }
+    path = write_sweep(tmp_path, name="search", search=search)
+    store = tmp_path / "store"
+    code, out, err = finish(geocont("launch", str(path), "--store", str(store)))
+    assert code == 0, out + err
+    from geocont.sweep.optuna_search import finished, open_study
+
+    study = open_study(store, load_sweep(path))
+    done = finished(study)
+    assert len(done) == 3
+    infos = run_infos(store, "search")
+    frame = results.runs(store, "search").collect()
+    for trial in done:
+        run_id = trial.user_attrs["run_id"]
+        assert infos[run_id]["status"] == "completed"
+        assert infos[run_id]["name"] == f"lr={trial.params['optim.lr']:g} seed=0"
+        stored = frame.filter(frame["run_id"] == run_id)["val/acc"][0]
+        assert trial.value == pytest.approx(stored)
+    code, out, _ = finish(geocont("resume", "search", "--store", str(store)))
+    assert code == 0 and "ran 0" in out
