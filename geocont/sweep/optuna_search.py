@@ -55,8 +55,9 @@ def distributions(space: dict[str, SpaceParam]) -> dict[str, BaseDistribution]:
 
 
 def open_study(store: Path, sweep: SweepConfig) -> optuna.Study:
-    path = str(store / sweep.name / JOURNAL)
-    storage = JournalStorage(JournalFileBackend(path, lock_obj=JournalFileOpenLock(path)))
+    path = store / sweep.name / JOURNAL
+    path.parent.mkdir(parents=True, exist_ok=True)
+    storage = JournalStorage(JournalFileBackend(str(path), lock_obj=JournalFileOpenLock(str(path))))
     search = sweep.search
     sampler_cls = optuna.samplers.TPESampler if search.sampler == "tpe" else optuna.samplers.RandomSampler
     optuna.logging.set_verbosity(optuna.logging.WARNING)

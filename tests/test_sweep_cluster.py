@@ -1,0 +1,82 @@
+"""A sweep launched with --address on a real two-node Ray cluster started on this machine.
+
+`ray start --head` and a second `ray start --address` (1 CPU each, their own --temp-dir, token auth on,
+the token in a throwaway HOME) make two nodes; trials of one CPU must then use both. Ray turns
+--node-ip-address=127.0.0.1 into this host's own address for a multi-node cluster, so the nodes talk
+over the host's interface, token-protected. Both nodes are stopped by PID (never `ray stop`, which
+would stop every Ray on the machine).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from geocont import store as results
+from geocont.sweep.ray_runner import ray_processes, stop_processes
+
+pytestmark = pytest.mark.slow
+RAY = str(Path(sys.executable).with_name("ray"))
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """(address, env) of a two-node cluster that lives for the test."""
+    env = {**os.environ, "HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
+    temps = [
+        Path(tempfile.mkdtemp(prefix=f"gc-{role}-", dir="/tmp")) for role in ("head", "node")
+    ]  # short: socket paths
+    try:
+        common = ["--num-cpus=1", "--disable-usage-stats"]
+        head = [RAY, "start", "--head", "--port=0", "--include-dashboard=false", "--node-ip-address=127.0.0.1"]
+        subprocess.run(
+            [*head, *common, f"--temp-dir={temps[0]}"], env=env, check=True, capture_output=True, timeout=180
+        )
+        address = (temps[0] / "ray_current_cluster").read_text().strip()
+        node = [RAY, "start", f"--address={address}", *common, f"--temp-dir={temps[1]}"]
+        subprocess.run(node, env=env, check=True, capture_output=True, timeout=180)
+        yield address, env
+    finally:
+        for temp in reversed(temps):
+            stop_processes(ray_processes(temp))
+            shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_sweep_with_address_runs_trials_on_both_nodes(tmp_path, cluster):
+    address, env = cluster
+    path = tmp_path / "cluster.yaml"
+    sweep = {
+        "name": "cluster",
+        "base": {"model": {"kind": "mlp", "depth": 3, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 2}},
+        "grid": {"model.activation": ["relu", "gelu", "silu", "none"]},
+        "resources": {"cpu": 1},
+        "tracking": {"wandb": {"mode": "disabled"}, "tensorboard": False},
+    }
+    path.write_text(yaml.safe_dump(sweep))
+    store = tmp_path / "store"  # shared storage: both nodes see this machine's disk
+    cmd = [
+        sys.executable,
+        "-m",
+        "geocont.cli",
+        "sweep",
+        "launch",
+        str(path),
+        "--store",
+        str(store),
+        "--address",
+        address,
+    ]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    infos = results.list_run_infos(store, "cluster")
+    assert [i["status"] for i in infos] == ["completed"] * 4
+    assert len({i["node_id"] for i in infos}) == 2  # both nodes ran trials (an embedded Ray would have one)
+    assert all(i["node"].endswith(i["node_id"][:8]) for i in infos)
