@@ -31,6 +31,7 @@ class Table:
     title: str
     caption: str
     frame: pl.DataFrame  # every cell already text
+    collapsed: bool = False  # long tables start folded (<details>) so the figures stay near the top
 
 
 @dataclass
@@ -57,7 +58,8 @@ def sweep_section(sweep: data.Sweep) -> Section:
         f"varying {keys}; bands are mean ± std over seeds."
     )
     section = Section(slug(sweep.name), f"Sweep {sweep.name}", summary)
-    section.blocks.append(Table("Runs per variant and status", "", _text(data.status_counts(sweep))))
+    status = data.status_counts(sweep)
+    section.blocks.append(Table("Runs per variant and status", "", _text(status), collapsed=status.height > 12))
     builders = _MLP if sweep.kind == "mlp" else _TRANSFORMER
     for builder in (*builders, _paper, paper_comparison):
         block = builder(sweep)

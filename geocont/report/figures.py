@@ -7,6 +7,7 @@ called `x` so the same builders serve epoch-based (MLP) and step-based (language
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -42,11 +43,16 @@ def _records(frame: pl.DataFrame) -> alt.Data:
     return alt.Data(values=frame.to_dicts())
 
 
-def _color(variants: list[str], **legend_style: Any) -> alt.Color:
+def _color(variants: list[str], legend: bool = True, **legend_style: Any) -> alt.Color:
     scheme = "tableau10" if len(variants) <= 10 else "tableau20"
-    columns = min(4, max(1, len(variants)))
-    style = {"title": "variant", "orient": "bottom", "columns": columns, "labelLimit": 260, **legend_style}
-    return alt.Color("variant:N", scale=alt.Scale(domain=variants, scheme=scheme), legend=alt.Legend(**style))
+    columns = min(4 if len(variants) <= 24 else 6, max(1, len(variants)))
+    # symbolLimit 0: list every variant (Vega otherwise truncates long legends with a console warning).
+    style = {"title": "variant", "orient": "bottom", "columns": columns, "labelLimit": 260, "symbolLimit": 0}
+    return alt.Color(
+        "variant:N",
+        scale=alt.Scale(domain=variants, scheme=scheme),
+        legend=alt.Legend(**{**style, **legend_style}) if legend else None,
+    )
 
 
 def curves_figure(
@@ -87,10 +93,18 @@ def curves_figure(
         min(columns, len(names)) if len(names) <= columns else math.ceil(len(names) / math.ceil(len(names) / columns))
     )
     chart = (
-        alt.layer(*layers, data=_records(frame))
+        alt.layer(*layers)
         .properties(**CELL)
         .facet(
-            facet=alt.Facet("metric:N", sort=names, title=None, header=alt.Header(labelFontSize=12)), columns=columns
+            facet=alt.Facet("metric:N", sort=names, title=None, header=alt.Header(labelFontSize=12)),
+            columns=columns,
+            data=_compact_curves(frame, names, variants),
+        )
+        .transform_calculate(
+            variant=f"{json.dumps(variants)}[datum.v]",
+            metric=f"{json.dumps(names)}[datum.m]",
+            lo="datum.mean - datum.sd",
+            hi="datum.mean + datum.sd",
         )
         .resolve_scale(y="independent")
         .properties(title=title)
@@ -98,11 +112,30 @@ def curves_figure(
     return Figure(fig_id, title, caption, chart)
 
 
+def _compact_curves(frame: pl.DataFrame, names: list[str], variants: list[str]) -> alt.InlineData:
+    """Curves as CSV with variants and metrics as indexes: a 360-run grid is tens of thousands of rows, which
+    as JSON objects (keys and long variant names repeated on every row) would be most of the page's size."""
+    codes = frame.select(
+        v=pl.col("variant").replace_strict(variants, list(range(len(variants))), return_dtype=pl.Int32),
+        m=pl.col("metric").replace_strict(names, list(range(len(names))), return_dtype=pl.Int32),
+        x=pl.col("x"),
+        mean=pl.col("mean").round(4),
+        sd=(pl.col("hi") - pl.col("mean")).round(4),
+        n=pl.col("n"),
+        **({"peak": pl.col("peak").cast(pl.Int8)} if "peak" in frame.columns else {}),
+    )
+    parse = {name: "number" for name in codes.columns}
+    return alt.InlineData(values=codes.write_csv(), format=alt.DataFormat(type="csv", parse=parse))
+
+
 def bars_figure(
     fig_id: str, title: str, caption: str, frame: pl.DataFrame, names: list[str], variants: list[str]
 ) -> Figure:
-    """Final value per variant: bar = mean over seeds, rule = mean ± std; one panel per metric."""
-    x = alt.X("variant:N", sort=variants, title=None, axis=alt.Axis(labelAngle=-35, labelLimit=160))
+    """Final value per variant: bar = mean over seeds, rule = mean ± std; one panel per metric.
+
+    Horizontal, one row per variant: labels stay readable and a 120-variant grid grows down, not sideways.
+    """
+    y = alt.Y("variant:N", sort=variants, title=None, axis=alt.Axis(labelLimit=260))
     tooltip = [
         "variant:N",
         "metric:N",
@@ -111,11 +144,12 @@ def bars_figure(
         alt.Tooltip("hi:Q", format=".3f"),
         "n:Q",
     ]
-    bars = alt.Chart().mark_bar().encode(x=x, y=alt.Y("mean:Q", title=None), color=_color(variants), tooltip=tooltip)
-    err = alt.Chart().mark_rule(color="#333").encode(x=x, y="lo:Q", y2="hi:Q")
+    color = _color(variants, legend=False)  # the axis names each bar
+    bars = alt.Chart().mark_bar().encode(y=y, x=alt.X("mean:Q", title=None), color=color, tooltip=tooltip)
+    err = alt.Chart().mark_rule(color="#333").encode(y=y, x="lo:Q", x2="hi:Q")
     chart = (
         alt.layer(bars, err, data=_records(frame))
-        .properties(width=max(160, 28 * len(variants)), height=170)
+        .properties(width=260, height=max(60, 16 * len(variants)))
         .facet(column=alt.Column("metric:N", sort=names, title=None))
         .properties(title=title)
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import html
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,7 @@ figure { margin: 18px 0; } figcaption { font-size: 13px; color: #555; max-width:
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
 th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; } th { background: #f2f4f6; }
 td:first-child, th:first-child { text-align: left; }
-.summary { color: #444; }
+.summary { color: #444; } summary h3 { display: inline; cursor: pointer; }
 """
 
 BOOT = """
@@ -57,9 +58,28 @@ BOOT = """
 
 @functools.cache
 def javascript_bundle() -> str:
-    """Vega + Vega-Lite + vega-embed as one classic script (about 0.9 MB), from vl-convert's offline copy."""
+    """Vega + Vega-Lite + vega-embed as one classic script (about 0.9 MB), from vl-convert's offline copy.
+
+    Bundling takes seconds, so the result is cached on disk per vl-convert and Vega-Lite version.
+    """
+    cache = _cache_dir() / f"vega-bundle-vlc{vl_convert.__version__}-vl{VL_VERSION}.js"
+    try:
+        return cache.read_text()
+    except OSError:
+        pass
     # An inline script ends at the first "</script": escape it (no-op for today's bundle, cheap insurance).
-    return vl_convert.javascript_bundle(vl_version=VL_VERSION).replace("</script", "<\\/script")
+    bundle = vl_convert.javascript_bundle(vl_version=VL_VERSION).replace("</script", "<\\/script")
+    try:
+        from geocont.store import atomic_write_text
+
+        atomic_write_text(cache, bundle)
+    except OSError:
+        pass  # a read-only home: bundle again next time
+    return bundle
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "geocont"
 
 
 def render(title: str, subtitle: str, sections: list[Section]) -> str:
@@ -114,10 +134,12 @@ def _table(table: Table) -> str:
         "<tr>" + "".join(f"<td>{html.escape(str(v))}</td>" for v in row) + "</tr>" for row in table.frame.iter_rows()
     )
     caption = f"<figcaption>{html.escape(table.caption)}</figcaption>" if table.caption else ""
-    return (
-        f'<figure class="table"><h3>{html.escape(table.title)}</h3><table><thead><tr>{head}</tr></thead>'
-        f"<tbody>{rows}</tbody></table>{caption}</figure>"
-    )
+    body = f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>{caption}"
+    title = html.escape(table.title)
+    if table.collapsed:
+        summary = f"{title} ({table.frame.height} rows)"
+        return f'<figure class="table"><details><summary><h3>{summary}</h3></summary>{body}</details></figure>'
+    return f'<figure class="table"><h3>{title}</h3>{body}</figure>'
 
 
 def subtitle(store: Path, sweep: str | None) -> str:
