@@ -186,7 +186,7 @@ def test_paths_named_in_docker_files_exist():
             load_sweep(ROOT / path)
 
 
-DOC_FILES = [DOCKER / "Dockerfile", DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml",
+DOC_FILES = [DOCKER / "Dockerfile", DOCKER / "ray-cluster.yaml", DOCKER / "kuberay-rayjob.yaml", DOCKER / "README.md",
              ROOT / "dashboards" / "README.md", ROOT / "README.md"]  # fmt: skip
 
 
