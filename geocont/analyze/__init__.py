@@ -1,0 +1,106 @@
+"""`geocont analyze`: projection-specific continuity of a pretrained checkpoint, streamed one matrix at a time.
+
+Importing this package is cheap (no torch): the command imports the engine when it runs.
+Modules: checkpoint (files, headers, reading), roles (architectures, --map, validation), engine (streaming and
+metrics), output (table and parquet); the fast top-k method is geocont.metrics.lowrank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from geocont.config import ConfigError
+
+FORMATS = ("md", "csv", "json")
+
+
+def analyze_command(
+    checkpoint: Annotated[
+        str, typer.Argument(help="Model folder (config.json + safetensors), a .safetensors file, or a hub id.")
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option("--out", help="Write per-pair details (role, layer, space, cos, gap, ...) to FILE.parquet."),
+    ] = None,
+    format: Annotated[str, typer.Option("--format", help="Table on stdout: md, csv or json.")] = "md",
+    roles: Annotated[
+        str | None, typer.Option("--roles", help="Only these roles, comma-separated, e.g. q,k,gate.")
+    ] = None,
+    map: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--map", help="ROLE=REGEX for other architectures; the regex's one group is the layer. Repeatable."
+        ),
+    ] = None,
+    fp64: Annotated[bool, typer.Option("--fp64", help="Compute in float64 instead of float32.")] = False,
+) -> None:
+    """Projection-specific continuity of a pretrained checkpoint: v1/u1 continuity, sigma2 alignment and spectral
+    gap per role (q, k, v, o, gate, up, down), streamed one tensor at a time; pairs with s1/s2 < 1.05 are flagged."""
+    from geocont.analyze.roles import parse_roles
+
+    problems = []
+    if format not in FORMATS:
+        problems.append(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
+    if out is not None and out.suffix != ".parquet":
+        problems.append(f"--out: {out} must be a .parquet file")
+    elif out is not None and not out.parent.is_dir():
+        problems.append(f"--out: folder {out.parent} does not exist")
+    if problems:
+        raise ConfigError(problems)
+
+    from geocont.analyze.engine import analyze
+    from geocont.analyze.output import render, write_pairs
+
+    with _Progress() as bar:
+        result = analyze(
+            checkpoint, roles=parse_roles(roles), role_map=map, fp64=fp64, progress=bar.advance, on_plan=bar.start
+        )
+    if out is not None:
+        write_pairs(result, out)
+    typer.echo(render(result, format))
+
+
+class _Progress:
+    """A rich progress bar on stderr (stdout stays clean for --format json), sized in bytes once the plan is known."""
+
+    def __enter__(self):
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            DownloadColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self.bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            DownloadColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=False,
+        )
+        self.bar.__enter__()
+        self.task = None
+        return self
+
+    def start(self, plan) -> None:
+        total = sum(s.nbytes for slots in plan.roles.values() for s in slots)
+        self.count = sum(len(slots) for slots in plan.roles.values())
+        self.done = 0
+        self.task = self.bar.add_task(f"{plan.architecture}: reading", total=total)
+
+    def advance(self, role: str, layer: int, nbytes: int) -> None:
+        self.done += 1
+        self.bar.update(
+            self.task, advance=nbytes, description=f"{role} layer {layer} ({self.done}/{self.count} matrices)"
+        )
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
