@@ -23,7 +23,7 @@ from geocont import store
 from geocont.cli import app
 from geocont.config import ConfigError
 from geocont.report import build_report, write_report
-from geocont.report.build import DELTA, GRADIENT, INIT_SCALE, MLP_CONTINUITY, TRAINING
+from geocont.report.build import DELTA, GRAD_INIT, GRADIENT, INIT_SCALE, MLP_CONTINUITY, TRAINING
 from geocont.report.data import ROLES, curves, load_sweeps, status_counts, variant_label
 
 MLP_BASE = {"model": {"kind": "mlp", "depth": 4, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 5}}
@@ -202,7 +202,7 @@ def expected_marks(root: Path, analysis: Path) -> dict[str, dict[str, int]]:
     return {
         "mysweep-continuity": lines("mysweep", present("mysweep", MLP_CONTINUITY)),
         "mysweep-gradient": lines("mysweep", present("mysweep", GRADIENT)),
-        "mysweep-delta-gw": {"rect": per_panel("mysweep", present("mysweep", DELTA))},
+        "mysweep-delta-gw": {"rect": per_panel("mysweep", present("mysweep", DELTA) + present("mysweep", GRAD_INIT))},
         "mysweep-training": lines("mysweep", present("mysweep", TRAINING)),
         "mysweep-init-scale": lines("mysweep", present("mysweep", INIT_SCALE)),
         # Res + ReLU and Res + None match the paper (init scale ignored): 5 reproduced + 5 paper points each.
@@ -219,7 +219,9 @@ COUNT_MARKS = """JSON.stringify(Array.from(document.querySelectorAll('[data-figu
   const n = (sel) => el.querySelectorAll(sel).length;
   const box = el.getBoundingClientRect();
   return {id: el.id, rendered: el.dataset.rendered === '1', svg: n('svg.marks'),
-    line: n('g.mark-line.role-mark > path'), area: n('g.mark-area.role-mark > path'),
+    line: Array.from(el.querySelectorAll('g.mark-line.role-mark > path'))
+      .filter((p) => (p.getAttribute('d') || '').includes('L')).length,  // drawn: two points or more
+    area: n('g.mark-area.role-mark > path'),
     rect: n('g.mark-rect.role-mark > path'), symbol: n('g.mark-symbol.role-mark > path'),
     rule: n('g.mark-rule.role-mark > line'), text: n('g.mark-text.role-mark > text'),
     x: box.left + window.scrollX, y: box.top + window.scrollY, w: box.width, h: box.height};

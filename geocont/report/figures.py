@@ -69,7 +69,8 @@ def curves_figure(
     """Mean over seeds (line) and mean ± std (band) against epoch or step, one panel per metric."""
     # Both layers carry the same legend (a null legend on one drops the merged legend); draw it as strokes.
     color = _color(variants, symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1)
-    base = alt.Chart().encode(x=alt.X("x:Q", title=x_title), color=color)
+    x = alt.X("x:Q", title=x_title, axis=alt.Axis(tickMinStep=1, format="d"))  # epochs and steps are whole
+    base = alt.Chart().encode(x=x, color=color)
     band = base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=None), y2="hi:Q")
     tooltip = [
         "variant:N",
@@ -85,6 +86,13 @@ def curves_figure(
         tooltip=tooltip,
     )
     layers = [band, line]
+    single = frame.group_by("variant", "metric").len()["len"].min() == 1 if frame.height else False
+    if single:  # a series with one x value draws no line (e.g. a one-epoch run): show it as a point
+        layers.append(
+            base.mark_point(filled=True, size=40).encode(
+                y="mean:Q", opacity=alt.condition("datum.single", alt.value(1), alt.value(0)), tooltip=tooltip
+            )
+        )
     if peaks:  # mark where each variant's curve peaks: the end of formation
         layers.append(
             base.mark_point(filled=True, size=50).encode(y="mean:Q", tooltip=tooltip).transform_filter("datum.peak")
@@ -123,6 +131,7 @@ def _compact_curves(frame: pl.DataFrame, names: list[str], variants: list[str]) 
         sd=(pl.col("hi") - pl.col("mean")).round(4),
         n=pl.col("n"),
         **({"peak": pl.col("peak").cast(pl.Int8)} if "peak" in frame.columns else {}),
+        single=(pl.len().over("variant", "metric") == 1).cast(pl.Int8),
     )
     parse = {name: "number" for name in codes.columns}
     return alt.InlineData(values=codes.write_csv(), format=alt.DataFormat(type="csv", parse=parse))
