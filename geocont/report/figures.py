@@ -188,7 +188,7 @@ def paper_figure(
     rule = (
         alt.Chart()
         .mark_rule(color="#1f77b4")
-        .encode(y=y, x=alt.X("lo:Q", title=None, scale=alt.Scale(zero=False)), x2="hi:Q")
+        .encode(y=y, x=alt.X("lo:Q", title=None, scale=alt.Scale(zero=False, padding=10)), x2="hi:Q")
         .transform_filter("datum.source == 'reproduced'")
     )
     points = (
