@@ -17,7 +17,7 @@ demo: $(BIN)/.installed
 	$(BIN)/geocont results table --store $(STORE) --sweep paper-mlp --paper mlp
 
 test: $(BIN)/.installed
-	$(BIN)/ruff check geocont tests benchmarks
+	$(BIN)/ruff check geocont tests benchmarks dashboards
 	$(BIN)/pytest
 
 bench: $(BIN)/.installed

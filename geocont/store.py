@@ -122,6 +122,14 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+# libyaml's C parser when present: ~8x faster over hundreds of run configs.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    return yaml.load(path.read_text(), Loader=_YAML_LOADER) if path.is_file() else {}
+
+
 def _run_folders(store: str | Path, sweep: str | None) -> list[Path]:
     root = Path(store)
     pattern = f"{sweep}/*/run.json" if sweep else "*/*/run.json"
@@ -132,7 +140,7 @@ def _config_rows(folders: list[Path]) -> pl.DataFrame:
     rows = []
     for folder in folders:
         info = json.loads((folder / "run.json").read_text())
-        config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else {}
+        config = _read_config(folder / "config.yaml")
         rows.append(
             {
                 "run_id": info["run_id"],
