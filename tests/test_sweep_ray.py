@@ -53,6 +53,14 @@ def run_infos(store: Path, sweep: str) -> dict[str, dict]:
     return {info["run_id"]: info for info in results.list_run_infos(store, sweep)}
 
 
+def wandb_run_record(run_dir: Path) -> dict:
+    """The run record (name, group, config) of the offline wandb run in a run folder, read back offline."""
+    (offline,) = (run_dir / "wandb").glob("offline-run-*")
+    wandb_cli = str(Path(sys.executable).with_name("wandb"))
+    out = subprocess.run([wandb_cli, "leet", "inspect", "--json", str(offline)], capture_output=True, text=True)
+    return next(rec["run"] for rec in map(json.loads, out.stdout.splitlines()) if rec.get("type") == "run")
+
+
 def assert_no_ray_left(driver_pid: int) -> None:
     """The embedded Ray of that driver is gone: no folder, no process holding a file in it."""
     from geocont.sweep.ray_runner import EMBEDDED_ROOT, ray_processes
@@ -73,6 +81,7 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
         ],
         seeds=[0],
         retries=1,
+        tracking={"wandb": {"mode": "offline", "project": "geocont"}, "tensorboard": False},
     )
     store = tmp_path / "store"
     proc = geocont("launch", str(path), "--store", str(store))
@@ -93,6 +102,10 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
         assert infos[t.run_id]["node"].startswith("127.0.0.1/")  # the node the trial ran on
     assert "Traceback" not in err
     assert_no_ray_left(proc.pid)
+    for name in status:  # the completed ones: one wandb group per sweep, readable names, the resolved config
+        run = wandb_run_record(results.run_dir(store, "local", trials[name].run_id))
+        assert (run["run_group"], run["display_name"]) == ("local", name)
+        assert run["config"]["update"]["model"] == trials[name].config.to_dict()["model"]
 
     code, out, _ = finish(geocont("status", "local", "--store", str(store)))
     assert code == 0
