@@ -149,7 +149,7 @@ def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
     assert_no_ray_left(resumed.pid)
 
     code, out, _ = finish(geocont("launch", str(path), "--store", str(store)))
-    assert code == 0 and f"ran 0, {len(trials)} already in the store" in out and "Ray start-up 0.0 s" in out
+    assert code == 0 and f"{len(trials)} trials ({len(trials)} completed); nothing to run" in out
 
 
 def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
@@ -177,4 +177,4 @@ def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
         stored = frame.filter(frame["run_id"] == run_id)["val/acc"][0]
         assert trial.value == pytest.approx(stored)
     code, out, _ = finish(geocont("resume", "search", "--store", str(store)))
-    assert code == 0 and "ran 0" in out
+    assert code == 0 and "nothing to run" in out

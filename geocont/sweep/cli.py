@@ -103,10 +103,13 @@ def _report(run) -> None:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(1) from None
     done = ", ".join(f"{n} {s}" for s, n in sorted(outcome.counts.items()))
-    typer.echo(
-        f"sweep {outcome.sweep}: {outcome.total} trials ({done}); ran {outcome.ran}, "
-        f"{outcome.skipped} already in the store; {outcome.wall_s:.1f} s (Ray start-up {outcome.ray_start_s:.1f} s)"
-    )
+    if outcome.ran == 0:
+        typer.echo(f"sweep {outcome.sweep}: {outcome.total} trials ({done}); nothing to run, all are in the store")
+    else:
+        typer.echo(
+            f"sweep {outcome.sweep}: {outcome.total} trials ({done}); ran {outcome.ran}, {outcome.skipped} already in "
+            f"the store; {outcome.wall_s:.1f} s (Ray start-up {outcome.ray_start_s:.1f} s)"
+        )
     retried = {run_id: n for run_id, n in outcome.attempts.items() if n > 1}
     if retried:
         typer.echo(f"retried: {', '.join(f'{r} ({n} attempts)' for r, n in retried.items())}")

@@ -124,7 +124,8 @@ class SweepView:
 
     def _line(self, row: Row) -> Text:
         done = sum(n for s, n in self.counts().items() if s not in ("pending", "running", "retrying"))
-        values = "  ".join(f"{k}={format_metric(v)}" for k, v in list(row.values.items())[:3])
+        shown = [m for m in self.metrics if m in row.values][:3]
+        values = "  ".join(f"{m}={format_metric(row.values[m])}" for m in shown)
         status = Text(f"{row.status:9}", style=STYLES.get(row.status, ""))
         line = Text(f"[{done}/{max(self.total, len(self.rows))}] ") + status
         return line + Text(f" {row.name}  {values}  {row.error}".rstrip())
