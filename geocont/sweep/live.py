@@ -28,9 +28,10 @@ STYLES = {
     "diverged": "magenta",
     "failed": "red",
     "pending": "dim",
+    "started": "yellow",
     "skipped": "dim green",
 }
-ORDER = ("running", "retrying", "failed", "diverged", "completed", "skipped", "pending")
+ORDER = ("running", "retrying", "started", "failed", "diverged", "completed", "skipped", "pending")
 
 
 @dataclass

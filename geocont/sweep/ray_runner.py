@@ -291,7 +291,7 @@ def stop_stale_instances() -> None:
     for folder in EMBEDDED_ROOT.iterdir():
         if folder.name.isdigit() and _driver_alive(int(folder.name), folder, psutil):
             continue
-        stop_processes(ray_processes(folder))
+        stop_processes(ray_processes(folder), grace_s=0.5)  # orphans of a dead driver: nothing to wait for
         shutil.rmtree(folder, ignore_errors=True)
 
 

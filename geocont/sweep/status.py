@@ -37,6 +37,8 @@ def sweep_rows(store: str | Path, name: str) -> tuple[SweepConfig, list[Row], di
 
     infos = results.list_run_infos(store, name)
     rows = [_row(store, name, info["run_id"], info.get("name") or info["run_id"], finals) for info in infos]
+    metric, sign = sweep.search.metric, (-1 if sweep.search.mode == "max" else 1)
+    rows.sort(key=lambda r: (metric not in r.values, sign * r.values.get(metric, 0.0)))  # best first
     return sweep, rows, search_counts_from_store(Path(store), sweep)
 
 
