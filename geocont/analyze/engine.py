@@ -104,11 +104,13 @@ def analyze(
     role_map: list[str] | None = None,
     fp64: bool = False,
     method: str = "auto",
+    threads: int | None = 1,
     progress: Callable[[str, int, int], None] | None = None,
     on_plan: Callable[[Plan], None] | None = None,
 ) -> Analysis:
     """Continuity of every role of `checkpoint` (folder, .safetensors file or hub id); ConfigError for bad input.
 
+    `threads`: torch intra-op threads for the decompositions (None: leave torch's setting), restored afterwards.
     `progress(role, layer, nbytes)` is called after each matrix; `on_plan(plan)` once, after validation.
     """
     if method not in METHODS:
@@ -117,7 +119,15 @@ def analyze(
     work = plan(ckpt, roles=roles, role_map=role_map)
     if on_plan:
         on_plan(work)
-    dtype = torch.float64 if fp64 else torch.float32
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        return _run(work, str(checkpoint), torch.float64 if fp64 else torch.float32, method, progress)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _run(work: Plan, checkpoint: str, dtype: torch.dtype, method: str, progress) -> Analysis:
     rank = {role: i for i, role in enumerate(work.roles)}
     queue = sorted(
         ((role, slot) for role, slots in work.roles.items() for slot in slots),
@@ -138,7 +148,7 @@ def analyze(
         if progress:
             progress(role, slot.layer, slot.nbytes)
     summaries = {role: _summarise(role, per_role[role], [p for p in pairs if p["role"] == role]) for role in work.roles}
-    return Analysis(str(checkpoint), work.architecture, summaries, pairs, layer_rows)
+    return Analysis(checkpoint, work.architecture, summaries, pairs, layer_rows)
 
 
 def _stream(queue: list[tuple[str, Slot]], dtype: torch.dtype) -> Iterator[tuple[str, Slot, torch.Tensor]]:

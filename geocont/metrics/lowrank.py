@@ -112,7 +112,7 @@ def block_krylov_top(
         status = "converged" if K >= r or bound <= tol else "unconverged"
     if not wide:
         U, V = V, U
-    spectrum = Spectrum(s=s[None], U=U[None], V=V[None], fro2=W.pow(2).sum()[None])
+    spectrum = Spectrum(s=s[None], U=U[None], V=V[None], fro2=torch.linalg.vector_norm(W).square()[None])
     return TopK(spectrum=spectrum, status=status, steps=step, bound=bound)
 
 
