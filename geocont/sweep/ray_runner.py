@@ -253,13 +253,13 @@ def ray_processes(temp: Path) -> list:
     """
     import psutil  # vendored by ray (ray/thirdparty_files)
 
-    root, me, uid = str(temp), os.getpid(), os.getuid()
+    root, me, uid = f"{temp}{os.sep}", os.getpid(), os.getuid()  # the separator: .../123/ is not .../1234/
     found = []
     for proc in psutil.process_iter(["pid", "uids", "cmdline"]):
         try:
             if proc.pid == me or proc.info["uids"] is None or proc.info["uids"].real != uid:
                 continue
-            if any(root in arg for arg in proc.info["cmdline"] or ()) or any(
+            if any(root in f"{arg}{os.sep}" for arg in proc.info["cmdline"] or ()) or any(
                 f.path.startswith(root) for f in proc.open_files()
             ):
                 found.append(proc)
@@ -289,8 +289,8 @@ def stop_stale_instances() -> None:
     if not EMBEDDED_ROOT.is_dir():
         return
     for folder in EMBEDDED_ROOT.iterdir():
-        if folder.name.isdigit() and _driver_alive(int(folder.name), folder, psutil):
-            continue
+        if not folder.name.isdigit() or _driver_alive(int(folder.name), folder, psutil):
+            continue  # not an instance folder (the locks), or its driver still runs
         stop_processes(ray_processes(folder), grace_s=0.5)  # orphans of a dead driver: nothing to wait for
         shutil.rmtree(folder, ignore_errors=True)
 
