@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 
 from geocont.config import ConfigError
-from geocont.store import DEFAULT_STORE
+
+DEFAULT_STORE = "geocont-results"  # geocont.store's default, spelled here so `geocont --help` skips polars
 
 sweep_app = typer.Typer(
     help="Launch, resume and inspect sweeps: YAML grids and optuna searches run on Ray Tune.",
@@ -68,22 +69,16 @@ def status(
     store: StoreOption = Path(DEFAULT_STORE),
 ) -> None:
     """Counts by status and a table of the sweep's trials, read from the store (works while it runs)."""
-    from geocont.sweep.live import summary, table
+    from geocont.sweep.live import METRICS, summary, table
     from geocont.sweep.status import sweep_rows
 
     sweep, rows, counts = sweep_rows(store, name)
     console = _stdout()
     console.print(f"sweep {name}: {sum(counts.values())} trials  ", summary(counts), highlight=False)
     metric = sweep.search.metric if sweep.search else None
-    console.print(table(rows, dict.fromkeys(m for m in (metric, *_metrics()) if m), run_ids=True))
+    console.print(table(rows, dict.fromkeys(m for m in (metric, *METRICS) if m), run_ids=True))
     if counts.get("pending") or counts.get("failed") or counts.get("started"):
         console.print(f"to finish it: geocont sweep resume {name} --store {store}", style="dim", highlight=False)
-
-
-def _metrics() -> tuple[str, ...]:
-    from geocont.sweep.live import METRICS
-
-    return METRICS
 
 
 def _stdout() -> Console:
