@@ -46,7 +46,7 @@ def cluster(tmp_path):
         yield address, env
     finally:
         for temp in reversed(temps):
-            stop_processes(ray_processes(temp))
+            stop_processes(ray_processes(temp), grace_s=1.0)
             shutil.rmtree(temp, ignore_errors=True)
 
 

@@ -161,7 +161,7 @@ def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
     }
     path = write_sweep(tmp_path, name="search", search=search)
     store = tmp_path / "store"
-    code, out, err = finish(geocont("launch", str(path), "--store", str(store)))
+    code, out, err = finish(geocont("launch", str(path), "--store", str(store), "--max-concurrent", "1"))
     assert code == 0, out + err
     from geocont.sweep.optuna_search import finished, open_study
 
@@ -169,6 +169,7 @@ def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
     done = finished(study)
     assert len(done) == 3
     infos = run_infos(store, "search")
+    assert len({info["worker_pid"] for info in infos.values()}) == 1  # one at a time: one reused actor
     frame = results.runs(store, "search").collect()
     for trial in done:
         run_id = trial.user_attrs["run_id"]

@@ -317,7 +317,7 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int) -
     torch.set_num_threads(threads)
     spec = config["trial"]
     node_id = ray.get_runtime_context().get_node_id()
-    info = {"node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}", "node_id": node_id}
+    info = {"node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}", "node_id": node_id, "worker_pid": os.getpid()}
     last_epoch = 0
 
     def on_metrics(epoch: int, step: int, values: dict[str, float]) -> None:
