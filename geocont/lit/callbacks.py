@@ -24,8 +24,8 @@ MetricsHook = Callable[[int, int, dict[str, float]], None]
 
 
 def stack(params: list[nn.Parameter] | list[Tensor]) -> Tensor:
-    """Same-shape per-layer matrices as one (L, m, n) tensor, detached and on the CPU in fp32."""
-    return torch.stack([p.detach().float() for p in params]).cpu()
+    """Same-shape per-layer matrices as one (L, m, n) fp32 tensor, detached, on the weights' device."""
+    return torch.stack([p.detach().float() for p in params])
 
 
 class GeometryMonitor(pl.Callback):
@@ -43,7 +43,9 @@ class GeometryMonitor(pl.Callback):
         if not self.groups or any(len(ws) < 2 for ws in self.groups.values()):
             raise ValueError("continuity needs at least two layers per weight group (model.depth >= 2)")
         self.initial = {role: stack(ws) for role, ws in self.groups.items()}
-        self.grad_sum = {role: [torch.zeros_like(w) for w in ws] for role, ws in self.groups.items()}
+        # One (L, m, n) accumulator per role, added to through per-layer views: no copy at metric time.
+        self.grad_sum = {role: torch.zeros_like(self.initial[role]) for role in self.groups}
+        self.grad_views = {role: list(acc.unbind(0)) for role, acc in self.grad_sum.items()}
         self.grad_init: dict[str, float] | None = None
         self.grad_v1: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1
 
@@ -54,7 +56,7 @@ class GeometryMonitor(pl.Callback):
             self.grad_init = direction_metrics("grad_init", self._grad_stacks())
             self._log(trainer, self.grad_init)
         for role, ws in self.groups.items():
-            torch._foreach_add_(self.grad_sum[role], [w.grad for w in ws])
+            torch._foreach_add_(self.grad_views[role], [w.grad.float() for w in ws])
 
     def _grad_stacks(self) -> dict[str, Tensor]:
         return {role: stack([w.grad for w in ws]) for role, ws in self.groups.items()}
@@ -88,7 +90,7 @@ class GeometryMonitor(pl.Callback):
 
     def geometry(self) -> dict[str, float]:
         weights = {role: stack(ws) for role, ws in self.groups.items()}
-        cumulative = {role: torch.stack(gs).cpu() for role, gs in self.grad_sum.items()}
+        cumulative = self.grad_sum
         values = weight_metrics(weights, self.initial)
         values.update(direction_metrics("grad_cum", cumulative, warm=self.grad_v1))
         values.update(delta_gw_metrics(values, list(self.groups)))

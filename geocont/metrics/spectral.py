@@ -104,9 +104,11 @@ def top_singular_vectors(
     """
     W = W.detach().float()
     L, m, n = W.shape
-    v = v0.clone().float() if v0 is not None else torch.randn(L, n, generator=torch.Generator().manual_seed(0))
+    if v0 is None:  # a fixed start: the metric must not consume the training run's random stream
+        v0 = torch.randn(L, n, generator=torch.Generator().manual_seed(0))
+    v = v0.to(W.device, torch.float32, copy=True)
     v = v / v.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    moving = torch.ones(L, dtype=torch.bool)
+    moving = torch.ones(L, dtype=torch.bool, device=W.device)
     for _ in range(max_iter):
         w = (W.mT @ (W @ v.unsqueeze(-1))).squeeze(-1)  # (L, n): one multiply by the Gram matrix
         w = w / w.norm(dim=-1, keepdim=True).clamp_min(1e-30)
