@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -38,10 +40,20 @@ def write_sweep(folder: Path, **fields) -> Path:
     return path
 
 
-def geocont(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "geocont.cli", "sweep", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+def geocont(*args: str, cwd: Path | None = None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "geocont.cli", "sweep", *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd)
+
+
+def write_idx_mnist(folder: Path, n_train: int = 64, n_val: int = 32) -> None:
+    """A tiny MNIST-shaped data set in the IDX format (random pixels), for a data.path relative to the CLI."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True)
+    for split, n in (("train", n_train), ("t10k", n_val)):
+        pixels = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+        (folder / f"{split}-images-idx3-ubyte").write_bytes(struct.pack(">4I", 0x803, n, 28, 28) + pixels.tobytes())
+        labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+        (folder / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">2I", 0x801, n) + labels.tobytes())
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
@@ -78,13 +90,15 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
         include=[
             {"model.depth": 1},  # raises inside training (continuity needs two layers): retried, then failed
             {"model.activation": "none", "optim.name": "sgd", "optim.lr": 1.0e8},  # non-finite loss: diverged
+            {"data.name": "mnist", "data.path": "mnist"},  # relative to the CLI's folder, not Tune's trial folder
         ],
         seeds=[0],
         retries=1,
         tracking={"wandb": {"mode": "offline", "project": "geocont"}, "tensorboard": False},
     )
+    write_idx_mnist(tmp_path / "mnist")
+    proc = geocont("launch", path.name, "--store", "store", cwd=tmp_path)
     store = tmp_path / "store"
-    proc = geocont("launch", str(path), "--store", str(store))
     code, out, err = finish(proc)
     assert code == 1, out + err  # a failed trial makes the launch exit 1
     trials = {t.name: t for t in expand(load_sweep(path))}
@@ -92,8 +106,9 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
     status = {name: infos[t.run_id]["status"] for name, t in trials.items()}
     failed = next(n for n, s in status.items() if "depth=1" in n)
     diverged = next(n for n in status if "optim=sgd" in n)
+    assert any("data=mnist path=mnist" in n for n in status)
     assert status.pop(failed) == "failed" and status.pop(diverged) == "diverged"
-    assert set(status.values()) == {"completed"} and len(status) == 2
+    assert set(status.values()) == {"completed"} and len(status) == 3
     assert "at least two layers" in infos[trials[failed].run_id]["error"]
     retried = next(line for line in out.splitlines() if line.startswith("retried:"))
     assert f"{trials[failed].run_id} (2 attempts)" in retried and trials[diverged].run_id not in retried
@@ -109,7 +124,7 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
 
     code, out, _ = finish(geocont("status", "local", "--store", str(store)))
     assert code == 0
-    assert "1 failed" in out and "1 diverged" in out and "2 completed" in out
+    assert "1 failed" in out and "1 diverged" in out and "3 completed" in out
     assert "ValueError" in out  # the error, in the note column
 
 

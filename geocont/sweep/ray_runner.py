@@ -307,7 +307,7 @@ def _driver_alive(pid: int, folder: Path, psutil: Any) -> bool:
 # Tune
 
 
-def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int) -> None:
+def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, cwd: str) -> None:
     """One trial: train(cfg) with live metrics to Tune; raises on `failed` so FailureConfig retries it."""
     import torch
 
@@ -315,6 +315,8 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int) -
     from geocont.train import train
 
     torch.set_num_threads(threads)
+    if os.path.isdir(cwd):  # Tune moved us into its trial folder: relative paths mean what they mean to the CLI
+        os.chdir(cwd)
     spec = config["trial"]
     node_id = ray.get_runtime_context().get_node_id()
     info = {"node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}", "node_id": node_id, "worker_pid": os.getpid()}
@@ -372,7 +374,9 @@ def tuner(
     # A failed trial is shown by the view and recorded in the store (error.txt); no traceback on the terminal.
     for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    fn = tune.with_parameters(trainable, store=str(store), sweep=sweep.name, threads=sweep.resources.threads())
+    fn = tune.with_parameters(
+        trainable, store=str(store), sweep=sweep.name, threads=sweep.resources.threads(), cwd=os.getcwd()
+    )
     param_space = tune_config.pop("param_space", None)
     return tune.Tuner(
         tune.with_resources(fn, {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}),
