@@ -17,7 +17,7 @@ the only residual is r = B v - s u = Z w / s - s u.
 Stopping, after every step (Wedin's theorem bounds the angle of both u1 and v1 to the exact ones by
 ||r1|| / delta, delta the distance from s1 to the rest of the spectrum; Ritz values never exceed the true ones):
 - `converged`: ||r1|| / (s1 - s2 - ||r2||) <= tol (default 0.01, i.e. |cos| to the exact v1 >= 0.99995) and
-  ||r2|| <= 2% of s2 (so the reported s1/s2 is accurate, see _decide);
+  ||r2|| <= 5% of s2 (so the reported s1/s2 is good to ~1%, see _decide);
 - `flagged`: even the optimistic gap (s1 + ||r1||) / s2 is below `gap_threshold`: v1 is not defined well enough
   to compare across layers, so iterating further would be wasted work (random matrices: s1/s2 ~ 1.003);
 - after `max_steps` without either: `converged` if the angle bound holds (s2 alone lagged),
@@ -34,7 +34,7 @@ from torch import Tensor
 
 from geocont.metrics.spectral import Spectrum
 
-S2_RTOL = 0.02  # relative residual of s2 at which the gap estimate is taken as final
+S2_RTOL = 0.05  # relative residual of s2 at which the gap estimate is taken as final (Ritz value then ~1%)
 
 
 class TopK(NamedTuple):
@@ -120,9 +120,10 @@ def _decide(s: Tensor, res: Tensor, gap_threshold: float, tol: float) -> tuple[s
     """converged | flagged | undecided, and the Wedin bound on the top pair's angle, from Ritz values/residuals.
 
     Ritz values never exceed the true ones, so (s1 + r1) / s2 bounds the true gap from above: below the threshold,
-    the matrix is flagged at once. Otherwise the iteration goes on until v1 is accurate and s2 is known to S2_RTOL
-    (its residual; the Ritz value itself is then typically far closer, ~r2^2 / (s2 - s3)), so the reported gap is
-    accurate and only a gap within ~2% of the threshold could land on the wrong side of it (v1 is accurate anyway).
+    the matrix is flagged at once. Otherwise the iteration goes on until v1 is accurate and the residual of s2 is
+    within S2_RTOL of it; the Ritz value itself is then much closer (~r2^2 / (s2 - s3); about 1% on noise bulks, as
+    the tests check), so the reported gap is good to ~1% and only a gap that close to the threshold could land on
+    the wrong side of it (its v1 and u1 are accurate either way).
     """
     if s.numel() < 2:
         return "converged", 0.0  # rank-1 problem: nothing to separate v1 from
