@@ -127,7 +127,7 @@ def reference(folder: Path, layers: list[int]) -> float:
     )
     print("| role | layer | shape | exact s | fast s | exact s1/s2 | fast status | steps | v1 cos | u1 cos |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    exact_total, worst = 0.0, 1.0
+    exact_total, cosines = 0.0, []
     for role, slots in work.roles.items():
         per = []
         for layer in layers:
@@ -142,8 +142,8 @@ def reference(folder: Path, layers: list[int]) -> float:
             gap = (S[0] / S[1]).item()
             cos_v = abs(float(fast.spectrum.V[0, :, 0] @ Vh[0]))
             cos_u = abs(float(fast.spectrum.U[0, :, 0] @ U[:, 0]))
-            if gap >= GAP_THRESHOLD:
-                worst = min(worst, cos_v, cos_u)
+            if gap >= GAP_THRESHOLD and fast.method == "krylov":
+                cosines += [cos_v, cos_u]
             print(
                 f"| {role} | {layer} | {tuple(W.shape)} | {per[-1]:.1f} | {fast_s:.2f} | {gap:.4f} | {fast.status} "
                 f"| {fast.steps} | {cos_v:.6f} | {cos_u:.6f} |"
@@ -151,7 +151,8 @@ def reference(folder: Path, layers: list[int]) -> float:
             del W, U, S, Vh
         exact_total += sum(per) / len(per) * len(slots)
     print(f"exact SVD of all projections, extrapolated: {exact_total:.0f} s ({load()})")
-    print(f"worst |cos| fast vs exact where s1/s2 >= {GAP_THRESHOLD}: {worst:.6f} (target >= 0.999)")
+    worst = f"{min(cosines):.6f}" if cosines else f"n/a (no block-Krylov sample with s1/s2 >= {GAP_THRESHOLD})"
+    print(f"worst |cos| block Krylov vs exact where s1/s2 >= {GAP_THRESHOLD}: {worst} (target >= 0.999)")
     return exact_total
 
 
@@ -252,8 +253,8 @@ def bench_accuracy(args) -> None:
     gaps = [1.05, 1.1, 1.5] if args.quick else [1.02, 1.05, 1.06, 1.1, 1.2, 1.5, 2.0]
     rng = np.random.default_rng(0)
     print(f"accuracy: fast (block Krylov) vs known exact SVD; torch threads {torch.get_num_threads()}, {load()}")
-    print("| roles | shape | spectrum | s1/s2 | status | steps | seconds | v1 cos | u1 cos |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| roles | shape | spectrum | exact s1/s2 | fast s1/s2 | status | steps | seconds | v1 cos | u1 cos |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     worst, misses = 1.0, []
     for label, (m, n) in cases.items():
         for family in ("power-law", "spiked", "cluster"):
@@ -269,10 +270,10 @@ def bench_accuracy(args) -> None:
                 if true_gap >= GAP_THRESHOLD:
                     worst = min(worst, cos_v, cos_u)
                     if not fast.defined or min(cos_v, cos_u) < 0.999:
-                        misses.append((label, family, gap, fast.status))
+                        misses.append(f"{label} {family} s1/s2 {true_gap:.4f} -> {fast.status}, {fast.gap:.4f}")
                 print(
-                    f"| {label} | {m}x{n} | {family} | {true_gap:.3f} | {fast.status} | {fast.steps} | {seconds:.2f} "
-                    f"| {cos_v:.6f} | {cos_u:.6f} |"
+                    f"| {label} | {m}x{n} | {family} | {true_gap:.4f} | {fast.gap:.4f} | {fast.status} | {fast.steps} "
+                    f"| {seconds:.2f} | {cos_v:.6f} | {cos_u:.6f} |"
                 )
                 del W
     print(
