@@ -325,7 +325,8 @@ class TextDataModule(pl.LightningDataModule):
         return self.tokens.vocab_size
 
     def prepare_data(self) -> None:
-        load_tokens(self.data)  # tokenizes into the cache once (Lightning calls this on one process)
+        if self.tokens is None:  # tokenizes into the cache once (Lightning calls this on one process)
+            load_tokens(self.data)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokens is not None:
