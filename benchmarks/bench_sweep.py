@@ -8,8 +8,10 @@ not change the work; --all-seeds times every trial). Ideal = sum / cores. Then t
 exactly as `geocont sweep launch` does (embedded Ray, one CPU per trial) into a throwaway store.
 
 Prints: ratio = sweep wall / ideal (target <= 1.3), Ray start-up, train()'s own overhead (run.json
-durations vs plain), and what is left per trial: scheduling, worker start-up, reporting. The cores
-may be shared with other work: the load average is printed beside the numbers.
+durations vs plain), what is left per trial (scheduling, worker start-up, reporting), and the sweep
+against its own trials' train() time spread over the cores: the orchestrator's share alone. The cores
+may be shared with other work: the load average is printed beside the numbers, and the plain loops
+are also timed on a pool of processes, which meets the same contention as the sweep.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ def main() -> None:
     share = train_total / plain_wall
     print(f"train() inside trials         {train_total:7.1f} s = {share:.3f} x plain (Lightning, metrics)")
     print(f"left per trial (Ray/Tune)     {per_trial:7.2f} s   (worker start-up, imports, scheduling, reporting)")
+    print(f"sweep / (train() time / {cores})  {wall / (train_total / cores):7.3f}   (the orchestrator's own overhead)")
 
 
 if __name__ == "__main__":
