@@ -185,6 +185,7 @@ def ray_session(address: str | None, sweep: SweepConfig) -> Iterator[float]:
         yield 0.0
         return
     t0 = time.perf_counter()
+    stop_stale_instances()
     if address is None:
         with embedded_ray() as _:
             check_resources(sweep, embedded=True)
@@ -201,7 +202,6 @@ def ray_session(address: str | None, sweep: SweepConfig) -> Iterator[float]:
 @contextlib.contextmanager
 def embedded_ray() -> Iterator[Path]:
     """A private single-node Ray on loopback; afterwards no process of it is left running."""
-    stop_stale_instances()
     temp = EMBEDDED_ROOT / str(os.getpid())
     temp.mkdir(parents=True, exist_ok=True)
     # Loopback only: no token needed, and Ray's "not a cluster" switch keeps every port on 127.0.0.1.
@@ -283,7 +283,7 @@ def stop_processes(procs: list, grace_s: float = 3.0) -> None:
 
 
 def stop_stale_instances() -> None:
-    """Stop what an embedded Ray of a killed driver left behind (its folder is named by the driver's pid)."""
+    """Stop what a killed driver left behind: its embedded Ray and Tune's folder (named by the driver's pid)."""
     import psutil
 
     if not EMBEDDED_ROOT.is_dir():
@@ -412,11 +412,15 @@ def fit(
 
 @contextlib.contextmanager
 def throwaway_dir() -> Iterator[str]:
-    path = tempfile.mkdtemp(prefix="geocont-tune-")
+    """Tune's experiment folder, inside this driver's folder: a killed driver's is removed with its Ray."""
+    path = EMBEDDED_ROOT / str(os.getpid()) / "tune"
+    path.mkdir(parents=True, exist_ok=True)
     try:
-        yield path
+        yield str(path)
     finally:
         shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the driver's folder, when no embedded Ray shares it
+            path.parent.rmdir()
 
 
 class AttemptTracker(tune.Callback):
