@@ -12,7 +12,6 @@ import sys
 import weakref
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 import pytest
 import torch
@@ -39,21 +38,23 @@ from geocont.metrics.spectral import adjacent_abs_cos, svd_top
 # The fast method against exact SVD
 
 
-def matrix_with_spectrum(m: int, n: int, s: np.ndarray, seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    U, _ = np.linalg.qr(rng.standard_normal((m, len(s))))
-    V, _ = np.linalg.qr(rng.standard_normal((n, len(s))))
-    return torch.from_numpy((U * s) @ V.T).float(), U[:, 0], V[:, 0]
+def matrix_with_spectrum(m: int, n: int, s: torch.Tensor, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """W = U diag(s) V^T in float32 with known u1, v1 (torch throughout: numpy's BLAS threads would ignore the
+    one-thread setting of the tests and crawl on a busy machine)."""
+    gen = torch.Generator().manual_seed(seed)
+    U, _ = torch.linalg.qr(torch.randn(m, len(s), generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(n, len(s), generator=gen, dtype=torch.float64))
+    return ((U * s) @ V.T).float(), U[:, 0], V[:, 0]
 
 
-def power_law(r: int, gap: float) -> np.ndarray:
+def power_law(r: int, gap: float) -> torch.Tensor:
     """s_i ~ i^-alpha with s1/s2 = gap: every ratio of neighbours is small, the hard case for iterative methods."""
-    return np.arange(1, r + 1, dtype=np.float64) ** -(math.log(gap) / math.log(2))
+    return torch.arange(1, r + 1, dtype=torch.float64) ** -(math.log(gap) / math.log(2))
 
 
-def spiked(r: int, gap: float) -> np.ndarray:
+def spiked(r: int, gap: float) -> torch.Tensor:
     """A flat bulk with the second value just above it and s1 = gap * s2."""
-    s = np.linspace(1.0, 0.2, r)
+    s = torch.linspace(1.0, 0.2, r, dtype=torch.float64)
     s[1], s[0] = 1.1, 1.1 * gap
     return s
 
@@ -63,16 +64,16 @@ def spiked(r: int, gap: float) -> np.ndarray:
 @pytest.mark.parametrize("family", [power_law, spiked], ids=["power-law", "spiked"])
 def test_block_krylov_matches_exact_svd(shape, gap, family):
     m, n = shape
-    W, u1, v1 = matrix_with_spectrum(m, n, family(min(m, n), gap), seed=1)
-    exact_s = np.linalg.svd(W.double().numpy(), compute_uv=False)
+    exact_s = family(min(m, n), gap)
+    W, u1, v1 = matrix_with_spectrum(m, n, exact_s, seed=1)
     top = block_krylov_top(W, k=8)
     assert top.status == "converged"
     s, U, V = top.spectrum.s[0], top.spectrum.U[0], top.spectrum.V[0]
-    assert abs(float(V[:, 0].double() @ torch.from_numpy(v1))) >= 0.999
-    assert abs(float(U[:, 0].double() @ torch.from_numpy(u1))) >= 0.999
-    assert s[0].item() == pytest.approx(exact_s[0], rel=1e-4)
-    assert s[1].item() == pytest.approx(exact_s[1], rel=1e-2)  # the gap is reported to about 1%
-    assert top.spectrum.fro2.item() == pytest.approx(float((exact_s**2).sum()), rel=1e-4)
+    assert abs(float(V[:, 0].double() @ v1)) >= 0.999
+    assert abs(float(U[:, 0].double() @ u1)) >= 0.999
+    assert s[0].item() == pytest.approx(exact_s[0].item(), rel=1e-4)
+    assert s[1].item() == pytest.approx(exact_s[1].item(), rel=1e-2)  # the gap is reported to about 1%
+    assert top.spectrum.fro2.item() == pytest.approx(exact_s.square().sum().item(), rel=1e-4)
 
 
 def test_block_krylov_flags_random_matrices_quickly():
@@ -86,11 +87,13 @@ def test_block_krylov_flags_random_matrices_quickly():
 
 
 def test_block_krylov_on_low_rank_and_float64():
-    W, _, _ = matrix_with_spectrum(300, 200, np.array([3.0, 2.0, 1.0]), seed=0)  # rank 3: the space runs out
-    top = block_krylov_top(W.double(), k=8)
+    W, _, _ = matrix_with_spectrum(300, 200, torch.tensor([3.0, 2.0, 1.0], dtype=torch.float64), seed=0)  # rank 3
+    top = block_krylov_top(W.double(), k=8)  # the Krylov space runs out after the third direction
     assert top.spectrum.s.dtype == torch.float64
     assert top.status == "converged"
-    np.testing.assert_allclose(top.spectrum.s[0].numpy(), [3.0, 2.0, 1.0, 0, 0, 0, 0, 0], atol=1e-6)
+    torch.testing.assert_close(
+        top.spectrum.s[0], torch.tensor([3.0, 2, 1, 0, 0, 0, 0, 0], dtype=torch.float64), atol=1e-6, rtol=0
+    )
 
 
 def test_block_krylov_is_deterministic():
@@ -417,6 +420,10 @@ BREAKAGES = {
         "model_type 'rwkv' is not supported (supported: bert, gemma",
     ),
     "no-safetensors": (lambda f: (f / "model.safetensors").unlink(), "no .safetensors files in this folder"),
+    "many-problems": (
+        lambda f: edit_tensors(f, lambda t: t.update({k: v.to(torch.int8) for k, v in t.items() if ".layers." in k})),
+        "... and 11 more problems like these",
+    ),
 }
 
 
@@ -430,8 +437,15 @@ def test_bad_checkpoints_fail_with_one_line_errors(breakage, small, tmp_path):
     with pytest.raises(ConfigError) as err:
         analyze_command(str(folder), out=out, format="json")
     assert message in str(err.value)
-    assert all("\n" not in line for line in err.value.problems) and len(err.value.problems) <= 6
+    assert all("\n" not in line for line in err.value.problems) and len(err.value.problems) <= 11
     assert not out.exists()
+
+
+def test_roles_outside_the_selection_are_not_validated(small, tmp_path):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(small, folder)
+    edit_tensors(folder, lambda t: t.update({q(1): torch.zeros(32, 40)}))
+    assert list(analyze(folder, roles=["down"]).roles) == ["down"]
 
 
 @pytest.mark.parametrize(

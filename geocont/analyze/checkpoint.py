@@ -63,9 +63,15 @@ def open_checkpoint(spec: str) -> Checkpoint:
                 problems.append(f"{file}: tensor {name} is also in {tensors[name].file.name}")
             tensors[name] = info
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(capped(problems))
     _check_index(root, tensors)
     return Checkpoint(source=spec, root=root, config=config, tensors=tensors)
+
+
+def capped(problems: list[str], most: int = 10) -> list[str]:
+    """At most `most` lines: a broken 70B checkpoint should not print a thousand of them."""
+    extra = len(problems) - most
+    return problems if extra <= 0 else [*problems[:most], f"... and {extra} more problems like these"]
 
 
 def _download(repo_id: str) -> Path:
@@ -119,8 +125,7 @@ def _check_index(root: Path, tensors: dict[str, TensorInfo]) -> None:
         if name not in tensors or tensors[name].file.name != shard
     ]
     if wrong:
-        more = f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""
-        raise ConfigError(wrong[:5] + ([f"{index}: {more.strip()}"] if more else []))
+        raise ConfigError(capped(wrong))
 
 
 def _read_config(path: Path) -> dict | None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from geocont.analyze.checkpoint import ITEMSIZE, Checkpoint, TensorInfo
+from geocont.analyze.checkpoint import ITEMSIZE, Checkpoint, TensorInfo, capped
 from geocont.config import ConfigError
 
 ROLE_ORDER = ("q", "k", "v", "o", "gate", "up", "down")
@@ -107,16 +107,17 @@ def plan(ckpt: Checkpoint, roles: list[str] | None = None, role_map: list[str] |
     else:
         arch, layout = _architecture(ckpt)
         found = _match_layout(ckpt, layout, cfg)
-    problems = _check(found, cfg, layers=None if role_map else cfg.get("num_hidden_layers"))
-    if problems:
-        raise ConfigError(problems)
     order = [r for r in ROLE_ORDER if r in found] + [r for r in found if r not in ROLE_ORDER]
     if roles:
         unknown = [r for r in roles if r not in found]
         if unknown:
             raise ConfigError([f"--roles: unknown role {r!r}; this checkpoint has {', '.join(order)}" for r in unknown])
         order = [r for r in order if r in roles]
-    return Plan(architecture=arch, roles={r: found[r] for r in order})
+    found = {r: found[r] for r in order}
+    problems = _check(found, cfg, layers=None if role_map else cfg.get("num_hidden_layers"))
+    if problems:
+        raise ConfigError(capped(problems))
+    return Plan(architecture=arch, roles=found)
 
 
 def parse_roles(text: str | None) -> list[str] | None:
@@ -194,7 +195,7 @@ def _match_map(ckpt: Checkpoint, patterns: dict[str, re.Pattern]) -> dict[str, l
         if role not in found:
             problems.append(f"--map {role}={pattern.pattern}: matches no tensor in {ckpt.source}")
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(capped(problems))
     return found
 
 
