@@ -20,6 +20,7 @@ def _isolated_home(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(cache / "wandb"))
     monkeypatch.setenv("WANDB_CACHE_DIR", str(cache / "wandb-cache"))
     monkeypatch.setenv("WANDB_CONFIG_DIR", str(cache / "wandb-config"))
+    monkeypatch.setenv("GEOCONT_CACHE", str(cache / "geocont"))
 
 
 def tiny_run(**sections) -> dict:
