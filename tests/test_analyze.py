@@ -350,6 +350,12 @@ def test_hub_id_resolves_through_huggingface_hub(planted, planted_result, tmp_pa
     assert analyze("geocont/planted").pairs == planted_result.pairs
     with pytest.raises(ConfigError, match="geocont/absent: not a local file or folder, and fetching it"):
         analyze("geocont/absent")
+    # an unsupported model is turned down from its config.json, before any weights are fetched
+    (tmp_path / "rwkv").mkdir()
+    (tmp_path / "rwkv" / "config.json").write_text(json.dumps({"model_type": "rwkv"}))
+    make_hub_cache(tmp_path, "geocont/rwkv", [tmp_path / "rwkv" / "config.json"])
+    with pytest.raises(ConfigError, match="model_type 'rwkv' is not supported"):
+        analyze("geocont/rwkv")
 
 
 def test_importing_the_command_does_not_import_torch():

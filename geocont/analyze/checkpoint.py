@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +42,16 @@ class Checkpoint:
     tensors: dict[str, TensorInfo]
 
 
-def open_checkpoint(spec: str) -> Checkpoint:
-    """Resolve `spec` (folder, file or hub id) and index every tensor from the headers; ConfigError if unusable."""
+def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None] | None = None) -> Checkpoint:
+    """Resolve `spec` (folder, file or hub id) and index every tensor from the headers; ConfigError if unusable.
+
+    `check_config(config, path)` may reject the config.json of a hub model before its weights are downloaded.
+    """
     path = Path(spec).expanduser()
     if not path.exists():
         if spec.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(spec):
             raise ConfigError([f"{spec}: no such file or folder"])
-        path = _download(spec)
+        path = _download(spec, check_config)
     if path.is_file():
         if path.suffix != ".safetensors":
             raise ConfigError([f"{spec}: a file must be a .safetensors file (or pass the model folder)"])
@@ -74,18 +78,23 @@ def capped(problems: list[str], most: int = 10) -> list[str]:
     return problems if extra <= 0 else [*problems[:most], f"... and {extra} more problems like these"]
 
 
-def _download(repo_id: str) -> Path:
-    """Fetch config.json and the safetensors files of a hub model (or find them in the local hub cache)."""
-    try:
-        from huggingface_hub import snapshot_download
+def _download(repo_id: str, check_config: Callable[[dict | None, Path], None] | None) -> Path:
+    """Fetch config.json, check it, then the safetensors files of a hub model (or find them in the hub cache)."""
+    from huggingface_hub import snapshot_download
 
-        folder = snapshot_download(repo_id, allow_patterns=["config.json", "*.safetensors", INDEX])
-    except Exception as err:  # offline, unknown repo, gated: all the same to the user
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(
-            [f"{repo_id}: not a local file or folder, and fetching it from the Hugging Face hub failed: {reason}"]
-        ) from None
-    return Path(folder)
+    def fetch(patterns: list[str]) -> Path:
+        try:
+            return Path(snapshot_download(repo_id, allow_patterns=patterns))
+        except Exception as err:  # offline, unknown repo, gated: all the same to the user
+            reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            raise ConfigError(
+                [f"{repo_id}: not a local file or folder, and fetching it from the Hugging Face hub failed: {reason}"]
+            ) from None
+
+    if check_config is not None:  # an unsupported model fails before gigabytes of weights are fetched
+        config = fetch(["config.json"]) / "config.json"
+        check_config(_read_config(config), config)
+    return fetch(["config.json", "*.safetensors", INDEX])
 
 
 def _folder_files(spec: str, folder: Path) -> list[Path]:

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from geocont.analyze.checkpoint import open_checkpoint, read_matrix
-from geocont.analyze.roles import Plan, Slot, plan
+from geocont.analyze.roles import Plan, Slot, check_supported, plan
 from geocont.metrics.lowrank import block_krylov_top
 from geocont.metrics.spectral import Spectrum, adjacent_abs_cos, sigma2_alignment, svd_top
 
@@ -115,7 +115,7 @@ def analyze(
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    ckpt = open_checkpoint(str(checkpoint))
+    ckpt = open_checkpoint(str(checkpoint), check_config=None if role_map else check_supported)
     work = plan(ckpt, roles=roles, role_map=role_map)
     if on_plan:
         on_plan(work)
@@ -147,6 +147,7 @@ def _run(work: Plan, checkpoint: str, dtype: torch.dtype, method: str, progress)
         prev[role] = (slot.layer, result)
         if progress:
             progress(role, slot.layer, slot.nbytes)
+    pairs.sort(key=lambda p: (rank[p["role"]], p["layer"], p["space"]))  # read in layer order, listed by role
     summaries = {role: _summarise(role, per_role[role], [p for p in pairs if p["role"] == role]) for role in work.roles}
     return Analysis(checkpoint, work.architecture, summaries, pairs, layer_rows)
 

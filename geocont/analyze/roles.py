@@ -134,19 +134,25 @@ def _text_config(config: dict | None) -> dict:
     return {**config, **text} if isinstance(text, dict) else config
 
 
+HINT = f"supported: {SUPPORTED}; for anything else pass --map ROLE=REGEX"
+
+
+def check_supported(config: dict | None, path) -> None:
+    """ConfigError unless config.json names a supported model_type (no config: decided later from tensor names)."""
+    if config is not None and config.get("model_type") not in ARCHITECTURES:
+        raise ConfigError([f"{path}: model_type {config.get('model_type')!r} is not supported ({HINT})"])
+
+
 def _architecture(ckpt: Checkpoint) -> tuple[str, Layout]:
-    hint = f"supported: {SUPPORTED}; for anything else pass --map ROLE=REGEX"
     if ckpt.config is None:  # a bare .safetensors file: recognise the naming itself
         for name, layout in (("llama-style (guessed from names)", LLAMA), ("bert-style (guessed from names)", BERT)):
             if any(
                 re.fullmatch(layout.prefix + re.escape(rest), t) for t in ckpt.tensors for rest in layout.roles.values()
             ):
                 return name, layout
-        raise ConfigError([f"{ckpt.source}: no config.json and no known tensor naming ({hint})"])
-    model_type = ckpt.config.get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise ConfigError([f"{ckpt.root / 'config.json'}: model_type {model_type!r} is not supported ({hint})"])
-    return model_type, ARCHITECTURES[model_type]
+        raise ConfigError([f"{ckpt.source}: no config.json and no known tensor naming ({HINT})"])
+    check_supported(ckpt.config, ckpt.root / "config.json")
+    return ckpt.config["model_type"], ARCHITECTURES[ckpt.config["model_type"]]
 
 
 def _parse_map(entries: list[str]) -> dict[str, re.Pattern]:
