@@ -64,9 +64,15 @@ def analyze_command(
 
 
 class _Progress:
-    """A rich progress bar on stderr (stdout stays clean for --format json), sized in bytes once the plan is known."""
+    """A rich progress bar on stderr (stdout stays clean for --format json), shown once the checkpoint is validated
+    (a bad input prints its error lines only) and sized in bytes from the plan."""
+
+    bar = None
 
     def __enter__(self):
+        return self
+
+    def start(self, plan) -> None:
         from rich.console import Console
         from rich.progress import (
             BarColumn,
@@ -77,30 +83,18 @@ class _Progress:
             TimeRemainingColumn,
         )
 
-        self.bar = Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            DownloadColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            console=Console(stderr=True),
-            transient=False,
-        )
-        self.bar.__enter__()
-        self.task = None
-        return self
-
-    def start(self, plan) -> None:
+        columns = (BarColumn(), DownloadColumn(), TimeElapsedColumn(), TimeRemainingColumn())
+        self.bar = Progress(TextColumn("{task.description}"), *columns, console=Console(stderr=True))
+        self.bar.start()
+        self.count, self.done = sum(len(slots) for slots in plan.roles.values()), 0
         total = sum(s.nbytes for slots in plan.roles.values() for s in slots)
-        self.count = sum(len(slots) for slots in plan.roles.values())
-        self.done = 0
         self.task = self.bar.add_task(f"{plan.architecture}: reading", total=total)
 
     def advance(self, role: str, layer: int, nbytes: int) -> None:
         self.done += 1
-        self.bar.update(
-            self.task, advance=nbytes, description=f"{role} layer {layer} ({self.done}/{self.count} matrices)"
-        )
+        description = f"{role} layer {layer} ({self.done}/{self.count} matrices)"
+        self.bar.update(self.task, advance=nbytes, description=description)
 
     def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
+        if self.bar is not None:
+            self.bar.stop()
