@@ -6,7 +6,6 @@ a traceback, before anything is written.
 
 from __future__ import annotations
 
-import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated
@@ -145,25 +144,9 @@ app.add_typer(dashboard_app, name="dashboard")
 
 def main() -> None:
     """Console-script entry: user errors become one-line messages and exit code 2."""
-    try:
-        code = app(standalone_mode=False)  # in this mode click returns a typer.Exit's code instead of exiting
-    except ConfigError as err:
-        for line in err.problems:
-            typer.echo(f"error: {line}", err=True)
-        sys.exit(2)
-    except (typer.Exit, SystemExit) as done:
-        sys.exit(getattr(done, "exit_code", getattr(done, "code", 0)))
-    except typer.Abort:
-        typer.echo("aborted", err=True)
-        sys.exit(130)
-    except Exception as err:  # click usage errors arrive here in non-standalone mode
-        import click
+    from geocont.entry import run
 
-        if isinstance(err, click.ClickException):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
-    sys.exit(code if isinstance(code, int) else 0)
+    run(app)
 
 
 if __name__ == "__main__":

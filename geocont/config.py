@@ -19,9 +19,9 @@ from pydantic import (
     ConfigDict,
     Discriminator,
     Field,
-    Tag,
     PositiveFloat,
     PositiveInt,
+    Tag,
     ValidationError,
     model_validator,
 )
@@ -38,6 +38,10 @@ class ConfigError(ValueError):
     def __init__(self, problems: list[str]):
         self.problems = problems
         super().__init__("\n".join(problems))
+
+    def __reduce__(self):
+        # Pickled across Ray process boundaries: rebuild from the list, not from the joined message.
+        return (type(self), (self.problems,))
 
 
 class _Strict(BaseModel):

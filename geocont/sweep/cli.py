@@ -7,14 +7,11 @@ Exit codes: 0 every trial completed or diverged, 1 some failed or are still pend
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
-
-from geocont.config import ConfigError
 
 DEFAULT_STORE = "geocont-results"  # geocont.store's default, spelled here so `geocont --help` skips polars
 
@@ -114,19 +111,9 @@ def _report(run) -> None:
 
 def main() -> None:
     """`python -m geocont.sweep.cli ...`: the sub-app on its own, with the main CLI's error handling."""
-    try:
-        code = sweep_app(standalone_mode=False)  # click returns a typer.Exit's code in this mode
-    except ConfigError as err:
-        for line in err.problems:
-            typer.echo(f"error: {line}", err=True)
-        sys.exit(2)
-    except Exception as err:
-        # Usage errors (typer vendors click as typer._click: `click.ClickException` does not match them).
-        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
-            err.show()
-            sys.exit(err.exit_code)
-        raise
-    sys.exit(code or 0)
+    from geocont.entry import run
+
+    run(sweep_app)
 
 
 if __name__ == "__main__":
