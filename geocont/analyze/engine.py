@@ -34,7 +34,7 @@ from geocont.metrics.spectral import Spectrum, adjacent_abs_cos, sigma2_alignmen
 
 GAP_THRESHOLD = 1.05
 K_SIGMA = 8
-EXACT_MAX_DIM = 512
+EXACT_MAX_DIM = 512  # measured: at 512 x 2048 both routes cost ~0.03 s; at 1024 x 4096 block Krylov is ~3x cheaper
 METHODS = ("auto", "exact", "krylov")
 
 
