@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import os
 
-import pytest
-import torch
+# Before numpy/torch load their BLAS: one thread each, so tests sharing two cores do not oversubscribe.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")

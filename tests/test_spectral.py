@@ -68,10 +68,10 @@ def test_known_spectrum_and_gap():
 def test_sigma2_alignment_against_a_direct_numpy_sum():
     W = torch.randn(3, 12, 10, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     expected = []
-    for l in range(2):
-        _, s, Vt = np.linalg.svd(W[l].numpy())
-        _, _, Vt2 = np.linalg.svd(W[l + 1].numpy())
-        weights = s**2 / np.sum(W[l].numpy() ** 2)
+    for layer in range(2):
+        _, s, Vt = np.linalg.svd(W[layer].numpy())
+        _, _, Vt2 = np.linalg.svd(W[layer + 1].numpy())
+        weights = s**2 / np.sum(W[layer].numpy() ** 2)
         expected.append(np.sum(weights * np.abs(np.sum(Vt * Vt2, axis=1))))
     assert spectral.weight_continuity(W)["sigma2_continuity"] == pytest.approx(np.mean(expected), rel=1e-9)
 

@@ -3,8 +3,8 @@ import math
 
 import polars as pl
 import pytest
-
 from conftest import tiny_run
+
 from geocont import store as results
 from geocont.config import ConfigError, resolve
 from geocont.train import train

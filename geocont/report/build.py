@@ -332,7 +332,9 @@ def analysis_section(paths: list[Path]) -> Section | None:
                 tooltip_extra=("gap:Q",),
             )
         )
-        means.append(frame.group_by("role", "space").agg(pl.col("cos").mean().alias(path.name)))
+        # Like the CLI table: means over the pairs where v1 / u1 is defined (flagged pairs left out).
+        defined_cos = pl.col("cos").filter(pl.col("defined")).mean()
+        means.append(frame.group_by("role", "space").agg(defined_cos.alias(path.name)))
     section.blocks.append(_analysis_table(means))
     return section
 

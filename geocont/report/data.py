@@ -250,8 +250,10 @@ def read_analysis(path: Path) -> pl.DataFrame:
         )
     # `geocont analyze` names the spaces input / output; figures use v1 / u1 like the training metrics.
     space = pl.col("space").replace({"input": "v1", "output": "u1"})
+    # Pairs whose gap s1/s2 is too small to define v1 are flagged by analyze (`defined`); older files lack it.
+    defined = pl.col("defined") if "defined" in frame.columns else pl.lit(True)
     return (
-        frame.select(*ANALYSIS_COLUMNS)
+        frame.select(*ANALYSIS_COLUMNS, defined.alias("defined"))
         .with_columns(space=space, cos=pl.col("cos").abs())
         .filter(pl.col("cos").is_finite())
         .with_columns(gap=pl.when(pl.col("gap").is_finite()).then(pl.col("gap").round(4)), cos=pl.col("cos").round(5))
