@@ -38,11 +38,15 @@ def launch(
     address: AddressOption = None,
     store: StoreOption = Path(DEFAULT_STORE),
     max_concurrent: ConcurrencyOption = None,
+    set_: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override a sweep field: name=..., base.preset=..., resources.gpu=1, seeds=[0,1]."),
+    ] = None,
 ) -> None:
     """Run every trial of SWEEP.yaml that the store does not hold yet (a finished sweep runs nothing)."""
     from geocont.sweep import ray_runner
 
-    options = {"address": address, "max_concurrent": max_concurrent}
+    options = {"address": address, "max_concurrent": max_concurrent, "overrides": set_}
     _report(lambda view: ray_runner.launch(sweep_file, store, view=view, **options))
 
 

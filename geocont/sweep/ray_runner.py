@@ -68,12 +68,14 @@ class Outcome:
 # Entry points
 
 
-def launch(path: str | Path, store: str | Path, **options: Any) -> Outcome:
-    """Validate SWEEP.yaml (ConfigError, nothing written), then run every trial not yet done."""
-    from geocont.sweep.spec import load_sweep
+def launch(path: str | Path, store: str | Path, overrides: list[str] | None = None, **options: Any) -> Outcome:
+    """Validate SWEEP.yaml (+ `--set` overrides; ConfigError, nothing written), then run every trial not yet done."""
+    from geocont.sweep.spec import load_sweep, with_overrides
 
-    sweep = load_sweep(path)
-    return run_sweep(sweep, Path(path).read_text(), store, **options)
+    if overrides:
+        sweep, text = with_overrides(path, overrides)
+        return run_sweep(sweep, text, store, **options)
+    return run_sweep(load_sweep(path), Path(path).read_text(), store, **options)
 
 
 def resume(name: str, store: str | Path, **options: Any) -> Outcome:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from geocont.config import ConfigError, describe_errors, read_yaml
+from geocont.config import ConfigError, deep_merge, describe_errors, parse_overrides, read_yaml
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 RESERVED_NAMES = ("single",)  # `geocont train` writes single runs there
@@ -106,6 +106,30 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepConfig:
 def load_sweep(path: str | Path) -> SweepConfig:
     """Read and fully validate a sweep YAML file (raises ConfigError listing every problem)."""
     return parse_sweep(read_yaml(path), str(path))
+
+
+# Top-level sweep fields a `--set` may change; grid/include/exclude/search keys are dotted run paths
+# themselves, so they are edited in the file.
+SETTABLE = ("name", "base", "seeds", "resources", "tracking", "retries")
+
+
+def with_overrides(path: str | Path, pairs: list[str]) -> tuple[SweepConfig, str]:
+    """SWEEP.yaml with `--set` pairs laid over it: (validated sweep, the YAML text to record as launched).
+
+    `base.preset=paper-transformer` scales a whole sweep; give it a new `name=` too, so its runs do not
+    share a store folder with the unscaled ones.
+    """
+    raw = read_yaml(path)
+    overrides = parse_overrides(pairs)
+    unknown = [key for key in overrides if key not in SETTABLE]
+    if unknown:
+        raise ConfigError(
+            [f"--set {key}: not settable from the command line; allowed: {', '.join(SETTABLE)}" for key in unknown]
+        )
+    merged = deep_merge(raw, overrides)
+    sweep = parse_sweep(merged, f"{path} with --set")
+    header = f"# {Path(path).name} launched with --set {' --set '.join(pairs)}\n"
+    return sweep, header + yaml.safe_dump(merged, sort_keys=False)
 
 
 def sweep_from_text(text: str, source: str) -> SweepConfig:
