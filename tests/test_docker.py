@@ -40,11 +40,28 @@ def command_text(path: Path) -> str:
     text = path.read_text()
     examples = [line.split("#", 1)[1] for line in text.splitlines() if re.match(r"\s*#\s{2,}\S", line)]
     if path.suffix == ".md":
-        return "\n".join(re.findall(r"```(?:bash|sh|console)?\n(.*?)```", text, flags=re.S))
+        return "\n".join(shell_blocks(text))
     if path.suffix in (".yaml", ".yml"):
         return "\n".join(examples + list(_command_strings(yaml.safe_load(text))))
     steps = [(w, a) for w, a in dockerfile() if w in ("RUN", "CMD", "ENTRYPOINT")]
     return "\n".join(examples + [" ".join(json.loads(a)) if a.startswith("[") else a for _, a in steps])
+
+
+def shell_blocks(markdown: str) -> list[str]:
+    """The bodies of fenced code blocks in bash, sh, console or no language, pairing each fence with its close
+    (a regex over the whole file would take the prose between a yaml block's close and the next fence)."""
+    blocks, body, language = [], None, ""
+    for line in markdown.splitlines():
+        fence = re.match(r"\s*```(\w*)", line)
+        if fence and body is None:
+            body, language = [], fence.group(1)
+        elif fence:
+            if language in ("", "bash", "sh", "console"):
+                blocks.append("\n".join(body))
+            body = None
+        elif body is not None:
+            body.append(line)
+    return blocks
 
 
 def _command_strings(node, key: str = ""):
@@ -62,11 +79,27 @@ def geocont_commands(text: str) -> list[list[str]]:
     """Every `geocont ...` invocation at a command position (line start, after &&, ;, |, a quote or `--`),
     up to the next shell separator; lines with placeholders like [--set ...] or <DIR> are skipped."""
     commands = []
-    for match in re.finditer(r"(?:^|&&|;|\||\$\(|\"|--\s)\s*geocont((?:[ \t]+[^\s;&|>\"`)\\]+)*)", text, flags=re.M):
-        words = shlex.split(match.group(1), comments=True)
+    for match in re.finditer(r"(?:^|&&|;|\||\$\(|\"|--\s)\s*geocont(?=\s|$)(?P<rest>.*)$", text, flags=re.M):
+        rest = match["rest"].removesuffix("\\")  # a trailing backslash continues the line: check the first line
+        try:
+            words = shell_words(rest)
+        except ValueError:  # inside bash -c "...": the command ends at the closing quote
+            words = shell_words(rest.split('"', 1)[0])
         if not any(w in ("...", "[", "]") or w.startswith(("[", "<")) for w in words):
             commands.append(words)
     return commands
+
+
+def shell_words(line: str) -> list[str]:
+    """The words of one command, up to the first shell operator (quotes respected, comments dropped)."""
+    lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    words = []
+    for token in lexer:
+        if set(token) <= set("();<>|&"):
+            break
+        words.append(token)
+    return words
 
 
 def check_cli(args: list[str]) -> None:
