@@ -82,15 +82,6 @@ def sigma2_alignment(s: Tensor, vectors: Tensor, fro2: Tensor) -> Tensor:
     return (weights * cos).sum(-1)
 
 
-def top_direction_continuity(W: Tensor) -> dict[str, float]:
-    """v1 and u1 continuity of a stack (L, m, n): mean over l of |cos(x1(l), x1(l+1))|."""
-    spec = svd_top(W, k=1)
-    return {
-        "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
-        "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),
-    }
-
-
 def top_singular_vectors(
     W: Tensor, v0: Tensor | None = None, tol: float = 1e-5, max_iter: int = 200
 ) -> tuple[Tensor, Tensor, Tensor]:

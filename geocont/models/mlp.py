@@ -10,7 +10,6 @@ projection and the head have other shapes and roles and are left out of it.
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
 from geocont.config import MLPConfig
@@ -51,8 +50,3 @@ class ResidualMLP(nn.Module):
     def weight_groups(self) -> dict[str, list[nn.Parameter]]:
         """The same-role matrices whose continuity is measured: one group, the hidden blocks."""
         return {"": [b.linear.weight for b in self.blocks]}
-
-
-def stack(params: list[nn.Parameter] | list[Tensor]) -> Tensor:
-    """Same-shape per-layer matrices as one (L, m, n) tensor, detached."""
-    return torch.stack([p.detach() for p in params])
