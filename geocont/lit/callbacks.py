@@ -18,6 +18,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor, nn
 
+from geocont.lit.loggers import log_to_loggers
 from geocont.metrics.geometry import delta_gw_metrics, direction_metrics, weight_metrics
 
 MetricsHook = Callable[[int, int, dict[str, float]], None]
@@ -33,7 +34,6 @@ class GeometryMonitor(pl.Callback):
         self.on_event = on_event
         self.language_model = language_model
         self.last_event_step = -1
-        self.events = 0
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -75,7 +75,6 @@ class GeometryMonitor(pl.Callback):
                 self._log(trainer, extra)
             return dict(extra or {})
         self.last_event_step = step
-        self.events += 1
         values = self.geometry()
         if self.language_model:
             val_loss = trainer.callback_metrics.get("val/loss")
@@ -90,15 +89,10 @@ class GeometryMonitor(pl.Callback):
 
     def geometry(self) -> dict[str, float]:
         weights = {role: stack(ws) for role, ws in self.groups.items()}
-        cumulative = self.grad_sum
         values = weight_metrics(weights, self.initial)
-        values.update(direction_metrics("grad_cum", cumulative, warm=self.grad_v1))
+        values.update(direction_metrics("grad_cum", self.grad_sum, warm=self.grad_v1))
         values.update(delta_gw_metrics(values, list(self.groups)))
         return values
 
     def _log(self, trainer: pl.Trainer, values: dict[str, float]) -> None:
-        metrics = {**values, "epoch": trainer.current_epoch}
-        for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=trainer.global_step)
-            if hasattr(logger, "flush"):
-                logger.flush()
+        log_to_loggers(trainer, values, flush=True)  # each event also updates the store's partial file
