@@ -67,7 +67,7 @@ def train(
     folder.mkdir(parents=True, exist_ok=True)
     store.write_config(folder, cfg.to_dict())
     started, t0 = _now(), time.perf_counter()
-    status, error = session.run(folder)
+    status, error = session.run(folder, run_id)
 
     record = {
         "run_id": run_id,
@@ -115,11 +115,11 @@ class _Session:
         self.datamodule = build_datamodule(self.cfg)
         self.datamodule.setup("fit")
 
-    def run(self, folder: Path) -> tuple[str, str | None]:
+    def run(self, folder: Path, run_id: str) -> tuple[str, str | None]:
         from geocont.lit.loggers import StoreLogger
 
         self.folder = folder
-        self.store_logger = StoreLogger(folder, self.cfg.run_id())
+        self.store_logger = StoreLogger(folder, run_id)
         wandb_run = None
         try:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
