@@ -20,19 +20,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from geocont.analyze.roles import LLAMA  # the Hugging Face names of a Llama layer's projections
+
 SIGMA = 0.02
 SHARD_BYTES = 2 * 1024**3
 INPUT_SHARED = ("q", "k", "gate", "up")
 OUTPUT_SHARED = ("o", "down")
-NAMES = {
-    "q": "self_attn.q_proj",
-    "k": "self_attn.k_proj",
-    "v": "self_attn.v_proj",
-    "o": "self_attn.o_proj",
-    "gate": "mlp.gate_proj",
-    "up": "mlp.up_proj",
-    "down": "mlp.down_proj",
-}
 
 
 @dataclass(frozen=True)
@@ -77,7 +70,7 @@ def layer_tensors(shapes: Shapes, layer: int, shared: dict, planted: bool, gen: 
             u = shared[role][0] if role in OUTPUT_SHARED else unit(m, gen)
             v = shared[role][1] if role in INPUT_SHARED else unit(n, gen)
             W.addr_(u, v, alpha=spike_strength(layer, shapes.num_hidden_layers, m, n))
-        tensors[f"model.layers.{layer}.{NAMES[role]}.weight"] = W.to(torch.bfloat16)
+        tensors[f"model.layers.{layer}.{LLAMA.roles[role]}"] = W.to(torch.bfloat16)
     return tensors
 
 
