@@ -28,6 +28,10 @@ from pydantic import (
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
+# The projection roles of a transformer block, in the order tables list them; metric names use them
+# (`weight/q/v1_continuity`), as do checkpoint analysis, reports and dashboards.
+ROLES = ("q", "k", "v", "o", "gate", "up", "down")
+
 MLPActivation = Literal["relu", "gelu", "silu", "tanh", "none", "radial"]
 LMActivation = Literal["silu", "relu", "gelu", "none"]
 

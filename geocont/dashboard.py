@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from geocont.config import ConfigError
+from geocont.config import ROLES, ConfigError
 
 if TYPE_CHECKING:
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 X_AXIS = {"mlp": "epoch", "transformer": "trainer/global_step"}  # Lightning's WandbLogger logs both
 
 

@@ -7,6 +7,8 @@ import math
 
 import polars as pl
 
+from geocont.config import ROLES
+
 KEY_METRICS = (
     "val/acc",
     "val/ppl",
@@ -29,9 +31,6 @@ def varying_config_columns(frame: pl.DataFrame) -> list[str]:
         if frame.get_column(name).n_unique() > 1:
             columns.append(name)
     return columns
-
-
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 def role_table(final: dict[str, float]) -> pl.DataFrame | None:

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 import yaml
 
-from geocont.config import TransformerConfig, resolve
+from geocont.config import ROLES, TransformerConfig, resolve
 from geocont.models.layers import RMSNorm
-from geocont.models.llama import ROLES, Attention, Block, GatedMLP, Llama, RotaryEmbedding, apply_rope
+from geocont.models.llama import Attention, Block, GatedMLP, Llama, RotaryEmbedding, apply_rope
 
 REPO = Path(__file__).resolve().parents[1]
 VOCAB = 64

@@ -21,10 +21,10 @@ from typer.testing import CliRunner
 
 from geocont import store
 from geocont.cli import app
-from geocont.config import ConfigError
+from geocont.config import ROLES, ConfigError
 from geocont.report import build_report, write_report
 from geocont.report.build import DELTA, GRAD_INIT, GRADIENT, INIT_SCALE, MLP_CONTINUITY, TRAINING
-from geocont.report.data import ROLES, curves, load_sweeps, status_counts, variant_label
+from geocont.report.data import curves, load_sweeps, status_counts, variant_label
 
 MLP_BASE = {"model": {"kind": "mlp", "depth": 4, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 5}}
 

@@ -16,9 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 from geocont.analyze.checkpoint import ITEMSIZE, Checkpoint, TensorInfo, capped
-from geocont.config import ConfigError
-
-ROLE_ORDER = ("q", "k", "v", "o", "gate", "up", "down")
+from geocont.config import ROLES, ConfigError
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ def plan(ckpt: Checkpoint, roles: list[str] | None = None, role_map: list[str] |
     else:
         arch, layout = _architecture(ckpt)
         found = _match_layout(ckpt, layout, cfg)
-    order = [r for r in ROLE_ORDER if r in found] + [r for r in found if r not in ROLE_ORDER]
+    order = [r for r in ROLES if r in found] + [r for r in found if r not in ROLES]
     if roles:
         unknown = [r for r in roles if r not in found]
         if unknown:

@@ -14,10 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geocont.config import TransformerConfig
+from geocont.config import ROLES, TransformerConfig
 from geocont.models.layers import make_activation, make_norm
 
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 DEFAULT_INIT_STD = 0.02  # GPT-2 / Llama reference init
 ROPE_BASE = 10000.0
 

@@ -19,7 +19,6 @@ from geocont.config import ConfigError
 # Config columns that never define a variant: the seed (aggregated over), bookkeeping, tracking.
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")
 ROLE_METRIC = re.compile(r"^weight/(?P<role>[a-z]+)/(?P<space>v1|u1)_continuity$")
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 PAPER_KEYS = ("model.residual", "model.activation", "model.norm")
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "Tanh", "none": "None", "radial": "Radial"}
 

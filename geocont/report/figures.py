@@ -16,7 +16,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from geocont.report.data import ROLES
+from geocont.config import ROLES
 
 CELL = {"width": 210, "height": 150}
 SOURCES = ["reproduced", "paper"]

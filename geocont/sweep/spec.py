@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from geocont.config import ConfigError, deep_merge, describe_errors, parse_overrides, read_yaml
+from geocont.config import ROLES, ConfigError, deep_merge, describe_errors, parse_overrides, read_yaml
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 RESERVED_NAMES = ("single",)  # `geocont train` writes single runs there
@@ -28,7 +28,6 @@ METRICS = (
     "weight/spectral_gap", "grad_init/v1_continuity", "grad_init/u1_continuity",
     "grad_cum/v1_continuity", "grad_cum/u1_continuity", "delta_gw/v1", "delta_gw/u1", "update_ratio",
 )  # fmt: skip
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
 ROLE_METRIC = re.compile(rf"(weight|grad_init|grad_cum)/({'|'.join(ROLES)})/(v1|u1)_continuity")
 
 
