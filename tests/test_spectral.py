@@ -129,3 +129,24 @@ def test_non_finite_stacks_give_nan_instead_of_raising():
     values = weight_metrics({"": W}, {"": torch.ones(3, 4, 4)})
     assert all(math.isnan(v) for v in values.values())
     assert all(math.isnan(v) for v in direction_metrics("grad_cum", {"": W}).values())
+
+
+def test_one_inf_entry_is_enough_for_nan():
+    W = torch.randn(3, 6, 5, generator=torch.Generator().manual_seed(6))
+    W[1, 2, 3] = float("inf")
+    values = weight_metrics({"": W}, {"": torch.ones(3, 6, 5)})
+    assert all(math.isnan(v) for v in values.values())
+    with pytest.raises(spectral.NonFiniteMatrix):
+        spectral.svd_top(W)
+
+
+def test_finite_but_huge_stacks_are_rescaled_not_lost():
+    # 1e20 squared overflows fp32: the Gram route must rescale and still agree with float64
+    W = torch.randn(4, 12, 9, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    huge = spectral.weight_continuity((W * 1e20).float())
+    exact = spectral.weight_continuity(W)
+    for key, value in exact.items():
+        assert huge[key] == pytest.approx(value, rel=1e-4), key
+    assert spectral.svd_top((W * 1e20).float()).s[0, 0].item() == pytest.approx(
+        float(torch.linalg.svdvals(W[0])[0]) * 1e20, rel=1e-5
+    )

@@ -26,17 +26,11 @@ def _named(kind: str, role: str, values: dict[str, float]) -> dict[str, float]:
     return {metric_name(kind, role, k): v for k, v in values.items()}
 
 
-def _finite(W: Tensor) -> bool:
-    return bool(torch.isfinite(W).all())
-
-
 def _or_nan(compute, W: Tensor, keys: tuple[str, ...]) -> dict[str, float]:
     """compute(W), or NaN for every key when W is non-finite or LAPACK gives up on it."""
-    if not _finite(W):
-        return dict.fromkeys(keys, math.nan)
     try:
         return compute(W)
-    except torch.linalg.LinAlgError:
+    except (spectral.NonFiniteMatrix, torch.linalg.LinAlgError):
         return dict.fromkeys(keys, math.nan)
 
 
@@ -46,8 +40,7 @@ def weight_metrics(stacks: dict[str, Tensor], initial: dict[str, Tensor]) -> dic
     for role, W in stacks.items():
         values = _or_nan(spectral.weight_continuity, W, WEIGHT_KEYS)
         out.update(_named("weight", role, values))
-        ratio = spectral.update_ratio(W, initial[role]) if _finite(W) else math.nan
-        out["update_ratio" if not role else f"update_ratio/{role}"] = ratio
+        out["update_ratio" if not role else f"update_ratio/{role}"] = spectral.update_ratio(W, initial[role])
     if len(stacks) > 1:  # transformers: also the mean over roles under the plain name
         roles = [r for r in stacks]
         out["update_ratio"] = sum(out[f"update_ratio/{r}"] for r in roles) / len(roles)
@@ -62,7 +55,8 @@ def direction_metrics(kind: str, stacks: dict[str, Tensor], warm: dict[str, Tens
     """
     out: dict[str, float] = {}
     for role, G in stacks.items():
-        if not (_finite(G) and bool(G.abs().sum() > 0)):
+        total = G.flatten(1).norm(dim=1).sum()  # one pass: NaN/inf anywhere, or an all-zero stack
+        if not (bool(torch.isfinite(total)) and total > 0):
             out.update(_named(kind, role, dict.fromkeys(DIRECTION_KEYS, math.nan)))
             continue
         _, u, v = spectral.top_singular_vectors(G, v0=None if warm is None else warm.get(role))

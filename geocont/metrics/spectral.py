@@ -18,7 +18,7 @@ from torch import Tensor
 
 
 class Spectrum(NamedTuple):
-    """Top singular triplets of every matrix in a stack, in descending order of s."""
+    """Singular triplets of every matrix in a stack (svd_top: the top k, in descending order of s)."""
 
     s: Tensor  # (L, k)
     U: Tensor  # (L, m, k) left singular vectors (columns)
@@ -31,38 +31,67 @@ def random_baseline(d: int) -> float:
     return math.sqrt(2.0 / (math.pi * d))
 
 
-def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
-    """Exact top-k singular triplets of a stack W (L, m, n) (all of them when k is None).
+class NonFiniteMatrix(ValueError):
+    """A stack holds NaN or inf (a diverged run): its continuity is undefined."""
 
-    eigh of the smaller Gram matrix gives s^2 and one side's vectors; the other side follows from one
-    matmul (u_i = W v_i / s_i). Columns belonging to zero singular values are left as computed
-    (they carry zero sigma^2 weight).
-    """
+
+def _as_stack(W: Tensor) -> Tensor:
     W = W.detach()
     if W.dim() == 2:
         W = W.unsqueeze(0)
-    W = W.to(torch.float64) if W.dtype == torch.float64 else W.float()
+    return W if W.dtype == torch.float64 else W.float()
+
+
+def _gram_eigh(W: Tensor) -> tuple[Tensor, Tensor, Tensor, bool]:
+    """eigh of the smaller Gram matrix of every layer: (s ascending (L, r), vectors (L, d, r), fro2 (L,), wide).
+
+    `wide` says the vectors are left ones (the m x m Gram W W^T), else right ones. ||W||_F^2 is the
+    Gram's trace, so it costs nothing; the trace is also the finiteness check (a NaN or inf anywhere
+    in W reaches the diagonal), which saves a pass over W.
+    """
     L, m, n = W.shape
-    r = min(m, n)
-    k = r if k is None else min(k, r)
-    # Scale each layer to max |w| = 1 first: the Gram of a huge matrix (a diverging run) overflows fp32.
-    scale = W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
-    W = W / scale
-    wide = m < n  # eigendecompose the m x m Gram W W^T instead of the n x n one
+    wide = m < n
     gram = W @ W.mT if wide else W.mT @ W
-    evals, evecs = torch.linalg.eigh(gram)  # ascending
-    evals = evals.flip(-1)[:, :k].clamp_min(0)
-    evecs = evecs.flip(-1)[:, :, :k]
-    s = evals.sqrt()
+    fro2 = gram.diagonal(dim1=-2, dim2=-1).sum(-1)
+    if not bool(torch.isfinite(fro2).all()):
+        if not bool(torch.isfinite(W).all()):
+            raise NonFiniteMatrix("the matrix stack holds NaN or inf")
+        # finite but huge (a diverging run): the fp32 Gram overflowed, so scale each layer to max |w| = 1
+        # and give s and ||W||_F^2 back in float64, where s^2 still fits.
+        scale = W.abs().amax(dim=(-2, -1), keepdim=True).clamp_min(1e-30)
+        s, vectors, fro2, wide = _gram_eigh(W / scale)
+        scale = scale.view(L).double()
+        return s.double() * scale.unsqueeze(1), vectors, fro2.double() * scale.square(), wide
+    evals, vectors = torch.linalg.eigh(gram)  # ascending
+    return evals.clamp_min(0).sqrt(), vectors, fro2, wide
+
+
+def _other_side(W: Tensor, vectors: Tensor, s: Tensor, wide: bool) -> Tensor:
+    """u_i = W v_i / s_i (or v_i = W^T u_i / s_i). Columns of zero singular values are left as computed."""
     safe = torch.where(s > 0, s, torch.ones_like(s)).unsqueeze(1)  # (L, 1, k)
-    if wide:
-        U = evecs
-        V = (W.mT @ U) / safe
-    else:
-        V = evecs
-        U = (W @ V) / safe
-    scale = scale.view(L, 1)
-    return Spectrum(s=s * scale, U=U, V=V, fro2=W.pow(2).sum(dim=(-2, -1)) * scale.view(L).pow(2))
+    return (W.mT @ vectors if wide else W @ vectors) / safe
+
+
+def _spectrum(W: Tensor, columns: Tensor | None = None) -> Spectrum:
+    """Singular triplets of a stack: all of them in ascending order, or the eigh `columns` asked for."""
+    W = _as_stack(W)
+    s, vectors, fro2, wide = _gram_eigh(W)
+    if columns is not None:
+        s, vectors = s[:, columns], vectors[:, :, columns]
+    other = _other_side(W, vectors, s, wide)
+    U, V = (vectors, other) if wide else (other, vectors)
+    return Spectrum(s=s, U=U, V=V, fro2=fro2)
+
+
+def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
+    """Exact top-k singular triplets of a stack W (L, m, n) in descending order (all of them when k is None).
+
+    eigh of the smaller Gram matrix gives s^2 and one side's vectors; the other side follows from one
+    matmul (u_i = W v_i / s_i), for the k columns asked for only. Raises NonFiniteMatrix for NaN/inf.
+    """
+    r = min(W.shape[-2:])
+    k = r if k is None else min(k, r)
+    return _spectrum(W, columns=torch.arange(r - 1, r - 1 - k, -1))
 
 
 def adjacent_abs_cos(X: Tensor) -> Tensor:
@@ -120,17 +149,18 @@ def weight_continuity(W: Tensor) -> dict[str, float]:
     """Every weight-space metric of DESIGN.md for one stack (L, m, n), from one eigendecomposition.
 
     Keys: v1_continuity, u1_continuity, sigma2_continuity (input space), sigma2_continuity_u
-    (output space) and spectral_gap (mean s1/s2; v1 is ill-defined when it is close to 1).
+    (output space) and spectral_gap (mean s1/s2; v1 is ill-defined when it is close to 1). The
+    spectrum stays in eigh's ascending order (sigma2 pairs index i with index i, whatever the order),
+    which spares copying the full eigenvector stacks. Raises NonFiniteMatrix for NaN/inf.
     """
-    spec = svd_top(W)
-    gap = (
-        spec.s[:, 0] / spec.s[:, 1].clamp_min(1e-30) if spec.s.shape[1] > 1 else torch.full_like(spec.s[:, 0], math.inf)
-    )
+    spec = _spectrum(W)
+    s = spec.s
+    gap = s[:, -1] / s[:, -2].clamp_min(1e-30) if s.shape[1] > 1 else torch.full_like(s[:, -1], math.inf)
     return {
-        "v1_continuity": adjacent_abs_cos(spec.V[:, :, 0]).mean().item(),
-        "u1_continuity": adjacent_abs_cos(spec.U[:, :, 0]).mean().item(),
-        "sigma2_continuity": sigma2_alignment(spec.s, spec.V, spec.fro2).mean().item(),
-        "sigma2_continuity_u": sigma2_alignment(spec.s, spec.U, spec.fro2).mean().item(),
+        "v1_continuity": adjacent_abs_cos(spec.V[:, :, -1]).mean().item(),
+        "u1_continuity": adjacent_abs_cos(spec.U[:, :, -1]).mean().item(),
+        "sigma2_continuity": sigma2_alignment(s, spec.V, spec.fro2).mean().item(),
+        "sigma2_continuity_u": sigma2_alignment(s, spec.U, spec.fro2).mean().item(),
         "spectral_gap": gap.mean().item(),
     }
 
@@ -139,7 +169,8 @@ def update_ratio(W: Tensor, W0: Tensor) -> float:
     """Mean over layers of ||W(t) - W(0)||_F / ||W(0)||_F for stacks (L, m, n)."""
     num = (W - W0).flatten(1).norm(dim=1)
     den = W0.flatten(1).norm(dim=1).clamp_min(1e-30)
-    return (num / den).mean().item()
+    ratio = (num / den).mean().item()
+    return ratio if math.isfinite(ratio) else math.nan  # a diverged run: NaN, as for every other metric
 
 
 def delta_gw(grad_cum: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
