@@ -16,10 +16,17 @@ from geocont.lit.loggers import log_to_loggers
 
 
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
+    """The configured optimizer, with PyTorch's fused kernel wherever the parameters allow it.
+
+    Same algorithm, one kernel per step instead of a dozen small ops per parameter: on CPU the
+    default (per-tensor) Adam step costs about a third of the paper MLP's training step.
+    """
+    params = list(params)
+    fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     if cfg.name == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay, fused=fused)
     kind = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return kind(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    return kind(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, fused=fused)
 
 
 class GeoModule(pl.LightningModule):
@@ -31,6 +38,10 @@ class GeoModule(pl.LightningModule):
         self.optim_cfg = optim
         self.log_every_n_steps = log_every_n_steps
         self.diverged = False
+        # The step is the plain loop's three calls (zero_grad, backward, step) instead of Lightning's
+        # closure and the dozen hooks around it: a tenth of the paper MLP's step on CPU. Mixed precision
+        # and step counting still go through Lightning (manual_backward, the wrapped optimizer).
+        self.automatic_optimization = False
 
     def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
@@ -42,9 +53,13 @@ class GeoModule(pl.LightningModule):
             self.diverged = True
             self.trainer.should_stop = True
             return None
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        self.manual_backward(loss)  # the monitor's on_after_backward hook sees this step's gradients
+        optimizer.step()
         if batch_idx % self.log_every_n_steps == 0:
             log_to_loggers(self.trainer, {"train/loss": loss.item()})
-        return loss
+        return loss.detach()
 
     def validation_step(self, batch, batch_idx: int) -> None:
         loss, stats = self.loss_and_stats(batch)
