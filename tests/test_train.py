@@ -109,3 +109,22 @@ def test_wandb_offline_writes_a_local_run_under_the_store(store, monkeypatch):
     result = train(cfg, store, run_name="tiny", wandb_group="g", progress=False)
     assert result.status == "completed", result.error
     assert list(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
+
+
+def test_partial_metrics_file_is_rewritten_at_most_once_per_interval(tmp_path):
+    from geocont.lit.loggers import StoreLogger
+
+    logger = StoreLogger(tmp_path, "run", flush_interval_s=3600.0)
+    partial = tmp_path / "metrics.partial.parquet"
+    logger.log_metrics({"val/loss": 1.0, "epoch": 0}, step=10)
+    logger.flush()  # the first event is always written: `sweep status` sees the run at once
+    assert pl.read_parquet(partial).height == 1
+    logger.log_metrics({"val/loss": 0.5, "epoch": 1}, step=20)
+    logger.flush()
+    assert pl.read_parquet(partial).height == 1  # inside the interval: not rewritten
+    logger.flush_interval_s = 0.0
+    logger.flush()
+    assert pl.read_parquet(partial)["value"].to_list() == [1.0, 0.5]
+    logger.publish()  # the final file holds every row, and the progress file is gone
+    assert not partial.exists()
+    assert pl.read_parquet(tmp_path / "metrics.parquet")["epoch"].to_list() == [1, 2]

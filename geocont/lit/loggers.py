@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,16 +17,20 @@ from geocont.config import RunConfig
 class StoreLogger(Logger):
     """Collects every logged scalar as a long row (run_id, epoch, step, name, value).
 
-    Rows are written to `<run>/metrics.partial.parquet` on `flush()` (each metrics event) and moved
-    to `metrics.parquet` by `publish()` once the run has a final status, so an earlier complete
-    result of the same run is never replaced by a partial one.
+    Rows are written to `<run>/metrics.partial.parquet` on `flush()` (at most every
+    `flush_interval_s`: it is a progress view for `sweep status`, and rewriting it after every
+    event of a fast run would cost more than the run's metrics) and moved to `metrics.parquet` by
+    `publish()` once the run has a final status, so an earlier complete result of the same run is
+    never replaced by a partial one.
     """
 
-    def __init__(self, folder: Path, run_id: str):
+    def __init__(self, folder: Path, run_id: str, flush_interval_s: float = 2.0):
         super().__init__()
         self.folder = folder
         self.run_id = run_id
         self.rows: list[dict[str, Any]] = []
+        self.flush_interval_s = flush_interval_s
+        self._last_flush = -math.inf
 
     @property
     def name(self) -> str:
@@ -56,7 +62,10 @@ class StoreLogger(Logger):
         return final
 
     def flush(self) -> None:
-        store.write_metrics(self.folder, self.rows, name="metrics.partial.parquet")
+        now = time.monotonic()
+        if now - self._last_flush >= self.flush_interval_s:
+            self._last_flush = now
+            store.write_metrics(self.folder, self.rows, name="metrics.partial.parquet")
 
     def publish(self) -> None:
         store.write_metrics(self.folder, self.rows)
