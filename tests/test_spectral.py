@@ -87,22 +87,34 @@ def test_shared_leading_direction_is_found_among_random_layers():
 
 
 @settings(max_examples=20, deadline=None)
-@given(seed=st.integers(0, 10_000), warm=st.booleans())
-def test_power_iteration_matches_the_exact_leading_pair(seed, warm):
+@given(seed=st.integers(0, 10_000), warm=st.booleans(), shape=st.sampled_from([(40, 30), (30, 40), (12, 12)]))
+def test_subspace_iteration_matches_the_exact_leading_pair(seed, warm, shape):
     g = torch.Generator().manual_seed(seed)
-    low_rank = torch.randn(4, 40, 5, generator=g) @ torch.randn(4, 5, 30, generator=g)
-    W = low_rank + 0.1 * torch.randn(4, 40, 30, generator=g)
+    m, n = shape
+    low_rank = torch.randn(4, m, 5, generator=g) @ torch.randn(4, 5, n, generator=g)
+    W = low_rank + 0.1 * torch.randn(4, m, n, generator=g)
     exact = spectral.svd_top(W, k=1)
-    v0 = exact.V[:, :, 0] + 0.3 * torch.randn(4, 30, generator=g) if warm else None
-    s, u, v = spectral.top_singular_vectors(W, v0=v0)
+    side = exact.U if m < n else exact.V
+    start = side[:, :, 0] + 0.3 * torch.randn(side.shape[:2], generator=g) if warm else None
+    s, u, v, _ = spectral.top_singular_pair(W, start=start)
     torch.testing.assert_close(s, exact.s[:, 0], rtol=1e-4, atol=1e-4)
     assert (v * exact.V[:, :, 0]).sum(-1).abs().min() > 0.9999
     assert (u * exact.U[:, :, 0]).sum(-1).abs().min() > 0.9999
 
 
-def test_power_iteration_falls_back_to_exact_when_the_gap_is_tiny():
+def test_subspace_iteration_warm_start_from_its_own_basis():
+    g = torch.Generator().manual_seed(11)
+    W = torch.randn(3, 64, 64, generator=g)  # random: s1/s2 close to 1, the hard case
+    first = spectral.top_singular_pair(W)
+    moved = W + 1e-3 * torch.randn(3, 64, 64, generator=g)
+    again = spectral.top_singular_pair(moved, start=first.basis)
+    exact = spectral.svd_top(moved, k=1)
+    assert (again.v * exact.V[:, :, 0]).sum(-1).abs().min() > 0.9999
+
+
+def test_subspace_iteration_falls_back_to_exact_when_the_gap_is_tiny():
     W = torch.stack([torch.diag(torch.tensor([1.0, 0.99999, 0.5, 0.1]))] * 2)
-    s, u, v = spectral.top_singular_vectors(W, max_iter=3)
+    s, u, v, _ = spectral.top_singular_pair(W, max_iter=3)
     assert s[0].item() == pytest.approx(1.0, abs=1e-5)
     assert abs(v[0, 0].item()) == pytest.approx(1.0, abs=1e-4)
 

@@ -47,7 +47,7 @@ class GeometryMonitor(pl.Callback):
         self.grad_sum = {role: torch.zeros_like(self.initial[role]) for role in self.groups}
         self.grad_views = {role: list(acc.unbind(0)) for role, acc in self.grad_sum.items()}
         self.grad_init: dict[str, float] | None = None
-        self.grad_v1: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1
+        self.grad_basis: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1 (a subspace)
 
     # -- every step -------------------------------------------------------------------------
     @torch.no_grad()
@@ -90,7 +90,7 @@ class GeometryMonitor(pl.Callback):
     def geometry(self) -> dict[str, float]:
         weights = {role: stack(ws) for role, ws in self.groups.items()}
         values = weight_metrics(weights, self.initial)
-        values.update(direction_metrics("grad_cum", self.grad_sum, warm=self.grad_v1))
+        values.update(direction_metrics("grad_cum", self.grad_sum, warm=self.grad_basis))
         values.update(delta_gw_metrics(values, list(self.groups)))
         return values
 

@@ -50,8 +50,8 @@ def weight_metrics(stacks: dict[str, Tensor], initial: dict[str, Tensor]) -> dic
 def direction_metrics(kind: str, stacks: dict[str, Tensor], warm: dict[str, Tensor] | None = None) -> dict[str, float]:
     """v1/u1 continuity of gradient stacks under `kind` ('grad_init' or 'grad_cum').
 
-    Only the leading pair is needed, so power iteration replaces the full eigendecomposition; `warm`
-    (role -> previous v1 stack) carries the starting vectors from one call to the next and is updated.
+    Only the leading pair is needed, so subspace iteration replaces the full eigendecomposition; `warm`
+    (role -> previous subspace) carries the starting vectors from one call to the next and is updated.
     """
     out: dict[str, float] = {}
     for role, G in stacks.items():
@@ -59,9 +59,9 @@ def direction_metrics(kind: str, stacks: dict[str, Tensor], warm: dict[str, Tens
         if not (bool(torch.isfinite(total)) and total > 0):
             out.update(_named(kind, role, dict.fromkeys(DIRECTION_KEYS, math.nan)))
             continue
-        _, u, v = spectral.top_singular_vectors(G, v0=None if warm is None else warm.get(role))
+        _, u, v, basis = spectral.top_singular_pair(G, start=None if warm is None else warm.get(role))
         if warm is not None:
-            warm[role] = v
+            warm[role] = basis
         values = {
             "v1_continuity": spectral.adjacent_abs_cos(v).mean().item(),
             "u1_continuity": spectral.adjacent_abs_cos(u).mean().item(),
