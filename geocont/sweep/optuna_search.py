@@ -186,10 +186,10 @@ def run_search(
 ) -> ray_runner.Outcome:
     """Run what is left of the search's n_trials (all of it on first launch, the rest on resume)."""
     n_trials = sweep.search.n_trials
-    done_before = _finished_count(store, sweep)
-    outcome = ray_runner.Outcome(sweep.name, n_trials, done_before, 0, {})
     t0 = time.perf_counter()
-    with ray_runner.driver_lock(store, sweep.name), contextlib.ExitStack() as stack:
+    with ray_runner.claim(store, sweep.name), contextlib.ExitStack() as stack:
+        done_before = _finished_count(store, sweep)
+        outcome = ray_runner.Outcome(sweep.name, n_trials, done_before, 0, {})
         if done_before < n_trials:
             outcome.ray_start_s = stack.enter_context(ray_runner.ray_session(address, sweep))
         ray_runner.record_spec(store, sweep.name, text)

@@ -17,6 +17,7 @@ import contextlib
 import fcntl
 import hashlib
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ from geocont.sweep.grid import expand
 from geocont.sweep.spec import SweepConfig
 
 DONE = ("completed", "diverged")  # deterministic outcomes: never run again
+REPORT_EVERY_S = 1.0  # a trial's progress reports to Tune (the live view), at most this often
 EMBEDDED_ROOT = Path(tempfile.gettempdir()) / f"geocont-ray-{os.getuid()}"  # short: Ray's socket paths are capped
 
 
@@ -102,10 +104,10 @@ def run_sweep(
 
         return run_search(sweep, text, store, address=address, max_concurrent=max_concurrent, view=view)
     trials = expand(sweep)
-    pending = [t for t in trials if not is_done(store, sweep.name, t.run_id)]
-    outcome = Outcome(sweep.name, len(trials), len(trials) - len(pending), len(pending), {})
     t0 = time.perf_counter()
-    with driver_lock(store, sweep.name), contextlib.ExitStack() as stack:
+    with claim(store, sweep.name), contextlib.ExitStack() as stack:
+        pending = [t for t in trials if not is_done(store, sweep.name, t.run_id)]
+        outcome = Outcome(sweep.name, len(trials), len(trials) - len(pending), len(pending), {})
         if pending:  # a finished sweep starts no Ray at all
             outcome.ray_start_s = stack.enter_context(ray_session(address, sweep))
         record_spec(store, sweep.name, text)  # only now: a bad launch (resources) writes nothing
@@ -154,6 +156,18 @@ def record_spec(store: Path, sweep: str, text: str) -> None:
 
 
 @contextlib.contextmanager
+def claim(store: Path, sweep: str) -> Iterator[None]:
+    """Become the sweep's one driver, then stop what a killed driver left running.
+
+    Both before anything reads the store: an orphaned worker of a SIGKILLed driver can still finish its
+    trial, and one that wrote run.json after the store was read would see its folder cleared and rerun.
+    """
+    with driver_lock(store, sweep):
+        stop_stale_instances()
+        yield
+
+
+@contextlib.contextmanager
 def driver_lock(store: Path, sweep: str) -> Iterator[None]:
     """One driver per sweep on this machine: an flock the kernel drops when the driver dies, even by SIGKILL.
 
@@ -187,7 +201,6 @@ def ray_session(address: str | None, sweep: SweepConfig) -> Iterator[float]:
         yield 0.0
         return
     t0 = time.perf_counter()
-    stop_stale_instances()
     if address is None:
         with embedded_ray() as _:
             check_resources(sweep, embedded=True)
@@ -322,12 +335,16 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, c
     spec = config["trial"]
     node_id = ray.get_runtime_context().get_node_id()
     info = {"node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}", "node_id": node_id, "worker_pid": os.getpid()}
-    last_epoch = 0
+    last_epoch, last_report = 0, -math.inf
 
     def on_metrics(epoch: int, step: int, values: dict[str, float]) -> None:
-        nonlocal last_epoch
+        # Progress for the live view only (the store has every value, and the final report below carries
+        # the results): a report waits for the driver to take it, so fast epochs report once a second.
+        nonlocal last_epoch, last_report
         last_epoch = epoch
-        tune.report({"epoch": epoch, "step": step, "node": info["node"], **values})
+        if time.monotonic() - last_report >= REPORT_EVERY_S:
+            last_report = time.monotonic()
+            tune.report({"epoch": epoch, "step": step, "node": info["node"], **values})
 
     cfg = RunConfig.model_validate(spec["config"])
     try:
