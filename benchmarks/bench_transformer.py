@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from geocont.config import resolve
 from geocont.data.text import TextDataModule
+from geocont.lit.module import build_optimizer
 from geocont.models import build_model
 from geocont.train import train
 
@@ -34,7 +35,7 @@ def plain_loop(cfg) -> tuple[float, float, float]:
     dm = TextDataModule(cfg.data, cfg.train.batch_size, cfg.train.seed)
     dm.setup()
     model = build_model(cfg, vocab_size=dm.vocab_size)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.optim.lr, betas=(cfg.optim.beta1, cfg.optim.beta2))
+    opt = build_optimizer(model.parameters(), cfg.optim)  # geocont's kernels (fused): the ratio is its own cost
     every, steps = cfg.train.metrics_every_n_steps, cfg.train.max_steps
     val_batches = dm.val_dataloader()
     step, train_s, t0, c0 = 0, 0.0, time.perf_counter(), time.process_time()
