@@ -30,7 +30,7 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
 
 
 class GeoModule(pl.LightningModule):
-    """Shared training logic; subclasses define `loss_and_stats(batch)`."""
+    """Shared training logic; subclasses define `loss(batch)` and, for validation, `stats(output, batch)`."""
 
     def __init__(self, model: nn.Module, optim: OptimConfig, log_every_n_steps: int = 10):
         super().__init__()
@@ -43,11 +43,16 @@ class GeoModule(pl.LightningModule):
         # and step counting still go through Lightning (manual_backward, the wrapped optimizer).
         self.automatic_optimization = False
 
-    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, batch) -> tuple[Tensor, Tensor]:
+        """(loss, the model's output) for one batch."""
         raise NotImplementedError
 
+    def stats(self, output: Tensor, batch) -> dict[str, Tensor]:
+        """Validation statistics beside val/loss (computed in validation only)."""
+        return {}
+
     def training_step(self, batch, batch_idx: int) -> Tensor | None:
-        loss, _ = self.loss_and_stats(batch)
+        loss, _ = self.loss(batch)
         if not torch.isfinite(loss):
             # A non-finite loss ends the run as `diverged`: skip this step and stop cleanly.
             self.diverged = True
@@ -62,9 +67,9 @@ class GeoModule(pl.LightningModule):
         return loss.detach()
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        loss, stats = self.loss_and_stats(batch)
+        loss, output = self.loss(batch)
         self.log("val/loss", loss, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
-        for name, value in stats.items():
+        for name, value in self.stats(output, batch).items():
             self.log(name, value, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int) -> tuple[Tensor, ...]:
@@ -76,16 +81,17 @@ class GeoModule(pl.LightningModule):
 
 
 class Classifier(GeoModule):
-    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, batch) -> tuple[Tensor, Tensor]:
         x, y = batch
         logits = self.model(x)  # (B, classes)
-        acc = (logits.argmax(-1) == y).float().mean()
-        return F.cross_entropy(logits, y), {"val/acc": acc}
+        return F.cross_entropy(logits, y), logits
+
+    def stats(self, output: Tensor, batch) -> dict[str, Tensor]:
+        return {"val/acc": (output.argmax(-1) == batch[1]).float().mean()}
 
 
 class LanguageModel(GeoModule):
-    def loss_and_stats(self, batch) -> tuple[Tensor, dict[str, Tensor]]:
+    def loss(self, batch) -> tuple[Tensor, Tensor]:
         x, y = batch  # (B, T) tokens and next tokens
         logits = self.model(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
-        return loss, {}
+        return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()), logits
