@@ -128,3 +128,14 @@ def test_partial_metrics_file_is_rewritten_at_most_once_per_interval(tmp_path):
     logger.publish()  # the final file holds every row, and the progress file is gone
     assert not partial.exists()
     assert pl.read_parquet(tmp_path / "metrics.parquet")["epoch"].to_list() == [1, 2]
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_reduced_precision_trains_through_the_manual_step(store, precision):
+    # manual optimization must still go through Lightning's precision plugin (autocast, bf16 weights)
+    cfg = resolve(tiny_run(train={"epochs": 2, "precision": precision, "accelerator": "cpu"}))
+    result = train(cfg, store, progress=False)
+    assert result.status == "completed", result.error
+    info = json.loads((results.run_dir(store, "single", cfg.run_id()) / "run.json").read_text())
+    assert info["steps"] == 2 * math.ceil(info["steps"] / 2)  # two epochs of optimizer steps were counted
+    assert result.final["val/acc"] > 0.3 and all(math.isfinite(v) for v in result.final.values())

@@ -143,8 +143,7 @@ def top_singular_pair(
     d = B.shape[-1]
     b = min(block, d)
     X = _start_block(start, L, d, b, W.device)
-    theta = torch.zeros(L, b, device=W.device)
-    bound = torch.full((L,), math.inf, device=W.device)
+    bound = torch.full((L,), math.inf, device=W.device, dtype=torch.float32)
     for _ in range(max_iter):
         Z = B.mT @ (B @ X)
         theta, R = torch.linalg.eigh(X.mT @ Z)  # Rayleigh-Ritz on span(X), ascending
@@ -172,7 +171,8 @@ def _start_block(start: Tensor | None, L: int, d: int, b: int, device: torch.dev
 
     Fixed: the metric must not consume the training run's random stream.
     """
-    X = torch.randn(L, d, b, generator=torch.Generator().manual_seed(0)).to(device)
+    # explicit dtype: under bf16-true training the default dtype is bfloat16, which QR does not take
+    X = torch.randn(L, d, b, generator=torch.Generator().manual_seed(0), dtype=torch.float32).to(device)
     if start is not None:
         start = start.to(device, torch.float32)
         if start.dim() == 2:  # a guess of the top vector: put it in the last (top) column
