@@ -18,8 +18,8 @@ from geocont.lit.loggers import log_to_loggers
 def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     """The configured optimizer, with PyTorch's fused kernel wherever the parameters allow it.
 
-    Same algorithm, one kernel per step instead of a dozen small ops per parameter: on CPU the
-    default (per-tensor) Adam step costs about a third of the paper MLP's training step.
+    Same algorithm, one kernel per step instead of a dozen small ops per parameter: on CPU the paper
+    MLP's epoch is a quarter shorter than with the default per-tensor kernels (142 vs 190 ms).
     """
     params = list(params)
     fused = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
@@ -39,8 +39,8 @@ class GeoModule(pl.LightningModule):
         self.log_every_n_steps = log_every_n_steps
         self.diverged = False
         # The step is the plain loop's three calls (zero_grad, backward, step) instead of Lightning's
-        # closure and the dozen hooks around it: a tenth of the paper MLP's step on CPU. Mixed precision
-        # and step counting still go through Lightning (manual_backward, the wrapped optimizer).
+        # closure and the hooks around it: about 0.25 ms (4 %) of the paper MLP's step on CPU. Mixed
+        # precision and step counting still go through Lightning (manual_backward, the wrapped optimizer).
         self.automatic_optimization = False
 
     def loss(self, batch) -> tuple[Tensor, Tensor]:
