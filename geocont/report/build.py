@@ -78,20 +78,34 @@ def _x_title(sweep: data.Sweep) -> str:
     return "epoch" if sweep.x == "epoch" else "step"
 
 
+def _sweep_curves(
+    sweep: data.Sweep,
+    key: str,
+    title: str,
+    caption: str,
+    names: list[str],
+    columns: int,
+    frame: pl.DataFrame | None = None,
+    peaks: bool = False,
+) -> Figure:
+    """A curves figure of `names` over the sweep's variants; `frame` defaults to their mean ± std curves."""
+    frame = data.curves(sweep, names) if frame is None else frame
+    fig_id = f"{slug(sweep.name)}-{key}"
+    return curves_figure(fig_id, title, caption, frame, names, sweep.variants, _x_title(sweep), columns, peaks)
+
+
 def _continuity_mlp(sweep: data.Sweep) -> Figure | None:
     names = _present(sweep, MLP_CONTINUITY)
     if not names:
         return None
-    return curves_figure(
-        f"{slug(sweep.name)}-continuity",
+    return _sweep_curves(
+        sweep,
+        "continuity",
         "Weight continuity vs epoch",
         "Mean |cos| between the leading singular vectors of adjacent layers (v1: input space, u1: output space) "
         "and the sigma2-weighted alignment, per variant; the band is one std over seeds. Random layers sit near "
         "sqrt(2/(pi d)).",
-        data.curves(sweep, names),
         names,
-        sweep.variants,
-        _x_title(sweep),
         columns=3,
     )
 
@@ -100,15 +114,13 @@ def _gradient(sweep: data.Sweep) -> Figure | None:
     names = sorted((n for n in data.metric_names(sweep) if GRADIENT.match(n)), key=_gradient_order)
     if not names:
         return None
-    return curves_figure(
-        f"{slug(sweep.name)}-gradient",
+    return _sweep_curves(
+        sweep,
+        "gradient",
         "Gradient coherence and Delta_GW",
         "Continuity of the cumulative gradient sum_t G_l(t) (grad_cum) and Delta_GW = grad_cum - weight "
         "continuity, per epoch. The first backward pass (grad_init) is in the bars below.",
-        data.curves(sweep, names),
         names,
-        sweep.variants,
-        _x_title(sweep),
         columns=4,
     )
 
@@ -142,15 +154,13 @@ def _training(sweep: data.Sweep) -> Figure | None:
     names = _present(sweep, TRAINING)
     if not names:
         return None
-    return curves_figure(
-        f"{slug(sweep.name)}-training",
+    return _sweep_curves(
+        sweep,
+        "training",
         "Update ratio, accuracy / perplexity and loss",
         "update_ratio = ||W(t) - W(0)||_F / ||W(0)||_F averaged over layers: weights follow the gradient's "
         "frame once it dominates W(0). val/acc is a fraction of the validation set.",
-        data.curves(sweep, names),
         names,
-        sweep.variants,
-        _x_title(sweep),
         columns=4,
     )
 
@@ -163,17 +173,16 @@ def _init_scale(sweep: data.Sweep) -> Figure | None:
     # A dot at each curve's peak: on weight/v1 the end of formation. Every panel gets dots, so none has an
     # empty point layer (Vega warns about the infinite extent of an empty one).
     frame = frame.with_columns(peak=pl.col("mean") == pl.col("mean").max().over("variant", "metric"))
-    return curves_figure(
-        f"{slug(sweep.name)}-init-scale",
+    return _sweep_curves(
+        sweep,
+        "init-scale",
         "Init-scale dynamics: formation, then collapse",
         "With a tiny init the first updates dominate W(0): weight continuity forms at once from the coherent "
         "residual gradient (dots: each curve's peak), then, without symmetry breaking, the layers drift apart "
         "along the flat rotational directions and continuity collapses.",
-        frame,
         names,
-        sweep.variants,
-        _x_title(sweep),
         columns=3,
+        frame=frame,
         peaks=True,
     )
 
@@ -185,15 +194,13 @@ def _continuity_roles(sweep: data.Sweep) -> Figure | None:
     roles = role_sort(sorted({data.ROLE_METRIC.match(n)["role"] for n in by_role}))
     names = [f"weight/{r}/{s}_continuity" for s in ("v1", "u1") for r in roles]
     names = [n for n in names if n in set(by_role)]
-    return curves_figure(
-        f"{slug(sweep.name)}-projections",
+    return _sweep_curves(
+        sweep,
+        "projections",
         "Per-projection weight continuity",
         "v1 (input space) and u1 (output space) continuity of each projection role across layers. Q, K, Gate and "
         "Up read the residual stream into a nonlinearity (v1); O and Down write into it (u1); V has neither.",
-        data.curves(sweep, names),
         names,
-        sweep.variants,
-        _x_title(sweep),
         columns=len(roles),
     )
 
