@@ -5,6 +5,7 @@ Layout (DESIGN.md):
     <store>/<sweep>/<run_id>/metrics.parquet  long format: run_id, epoch, step, name, value
     <store>/<sweep>/<run_id>/run.json         run_id, sweep, status, started, finished, error, ...
     <store>/<sweep>/sweep.yaml                the sweep as launched
+    <store>/.cache/                           derived data (tokenized corpora), safe to delete
 
 Every file is written to a temporary name in the same folder and renamed into place, so a reader
 never sees half a file. run.json is written last and only with a final status (completed, failed,
@@ -103,7 +104,15 @@ def write_sweep_spec(store: str | Path, sweep: str, text: str) -> None:
 
 def sweep_names(store: str | Path) -> list[str]:
     root = Path(store)
-    return sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")) if root.is_dir() else []
+
+
+def cache_dir(store: str | Path) -> Path:
+    """`<store>/.cache`: derived data (tokenized corpora, BPE) that every node of a cluster can reuse.
+
+    Hidden, so no reader takes it for a sweep; deleting it costs only recomputation.
+    """
+    return Path(store).absolute() / ".cache"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 import traceback
 import warnings
@@ -58,10 +59,20 @@ def train(
     wandb_group: str | None = None,
     info: dict[str, Any] | None = None,
     progress: bool = True,
+    accelerator: str | None = None,
 ) -> RunResult:
-    """Train one config, write its results to `<store_dir>/<sweep>/<run_id>/`, and return them."""
-    session = _Session(cfg, on_metrics, run_name, wandb_group, progress)
-    session.prepare()  # bad input (a missing data folder) raises ConfigError here, before any file exists
+    """Train one config, write its results to `<store_dir>/<sweep>/<run_id>/`, and return them.
+
+    `accelerator` overrides `train.accelerator` for where to compute, not what: a sweep's placement
+    (resources.gpu: 0 trains on the CPU even on a GPU node) must not change the run's identity.
+    """
+    from geocont.preflight import check_run
+
+    accelerator = accelerator or cfg.train.accelerator
+    check_run(cfg, accelerator)  # a missing GPU or wandb key: ConfigError before any file exists
+    session = _Session(cfg, on_metrics, run_name, wandb_group, progress, accelerator)
+    session.wandb_id = f"{sweep}-{cfg.run_id()}"  # one wandb run per store record: retries and resumes continue it
+    session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
     run_id = cfg.run_id()
     folder = store.run_dir(store_dir, sweep, run_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -81,38 +92,60 @@ def train(
         "epochs": session.epochs,
         "error": error,
         "node": socket.gethostname(),
+        "device": session.device,
+        "metrics_s": round(session.metrics_s, 3),
         **(info or {}),
     }
     session.store_logger.publish()
-    store.write_run_info(folder, record)
+    store.write_run_info(folder, record)  # the record is final before any tracker is closed
+    session.close_trackers()
     return RunResult(run_id, sweep, status, session.store_logger.final_values(), error, folder)
 
 
-def _finish_wandb(logger) -> None:
-    """Close the wandb run; a tracking hiccup must never cost the run its store record."""
-    try:
-        logger.experiment.finish()
-    except Exception as err:  # the store, not wandb, is the source of truth
-        logging.getLogger("geocont").warning("wandb finish failed: %s", err)
+WANDB_FINISH_TIMEOUT_S = 60.0
+
+
+def _finish_wandb(logger, timeout_s: float = WANDB_FINISH_TIMEOUT_S) -> None:
+    """Close the wandb run, waiting at most `timeout_s` for its upload.
+
+    The store already holds the final record; an upload stuck on a dead network must not hold the
+    trial (and the sweep's next trial) back. What it had not sent stays in the run's wandb folder.
+    """
+    log = logging.getLogger("geocont")
+
+    def finish() -> None:
+        try:
+            logger.experiment.finish()
+        except Exception as err:  # the store, not wandb, is the source of truth
+            log.warning("wandb finish failed: %s", err)
+
+    closer = threading.Thread(target=finish, name="wandb-finish", daemon=True)
+    closer.start()
+    closer.join(timeout_s)
+    if closer.is_alive():
+        log.warning("wandb still uploading after %.0f s; left behind (`wandb sync` its folder later)", timeout_s)
 
 
 class _Session:
     """The Lightning objects of one run, built and driven in order; keeps train() short."""
 
-    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress):
+    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress, accelerator):
         import pytorch_lightning as pl
 
         _quiet_lightning()
         self.pl = pl
         self.cfg = cfg
         self.on_metrics, self.run_name, self.wandb_group, self.progress = on_metrics, run_name, wandb_group, progress
+        self.accelerator = accelerator
         self.steps = self.epochs = 0
+        self.device, self.metrics_s = "cpu", 0.0
+        self.wandb_run = None
 
-    def prepare(self) -> None:
+    def prepare(self, cache_dir: Path) -> None:
         """Load the data: the one step whose failure is the user's input rather than the run."""
         from geocont.data import build_datamodule
 
-        self.datamodule = build_datamodule(self.cfg)
+        self.datamodule = build_datamodule(self.cfg, cache_dir)
         self.datamodule.setup("fit")
 
     def run(self, folder: Path, run_id: str) -> tuple[str, str | None]:
@@ -120,18 +153,20 @@ class _Session:
 
         self.folder = folder
         self.store_logger = StoreLogger(folder, run_id)
-        wandb_run = None
+        monitor = None
         try:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
             datamodule = self.datamodule
             module, monitor = self._build()
             trainer = self._trainer(monitor)
-            wandb_run = next((lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
+            self.wandb_run = next((lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
             trainer.fit(module, datamodule=datamodule)
+            self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
             if module.diverged:
+                self.steps = module.diverged_at
                 monitor.emit(trainer, {"train/loss": float("nan")})
-                return "diverged", f"non-finite training loss at step {trainer.global_step}"
+                return "diverged", f"non-finite training loss at step {module.diverged_at}"
             if trainer.interrupted:
                 return "failed", "interrupted"
             if monitor.last_event_step != trainer.global_step:
@@ -141,8 +176,11 @@ class _Session:
             (self.folder / "error.txt").write_text(traceback.format_exc())
             return "failed", f"{type(err).__name__}: {err}".splitlines()[0][:500]
         finally:
-            if wandb_run is not None:
-                _finish_wandb(wandb_run)
+            self.metrics_s = getattr(monitor, "metrics_s", 0.0)
+
+    def close_trackers(self) -> None:
+        if self.wandb_run is not None:
+            _finish_wandb(self.wandb_run)
 
     def _build(self):
         from geocont.lit.callbacks import GeometryMonitor
@@ -165,7 +203,7 @@ class _Session:
         return self.pl.Trainer(
             max_epochs=cfg.epochs if cfg.max_steps is None else -1,
             max_steps=cfg.max_steps or -1,
-            accelerator=cfg.accelerator,
+            accelerator=self.accelerator,
             devices=1,
             precision=cfg.precision,
             logger=self._loggers(),
@@ -192,5 +230,5 @@ class _Session:
         if tracking.wandb.mode != "disabled":
             from geocont.lit.loggers import wandb_logger
 
-            loggers.append(wandb_logger(self.cfg, self.folder, self.run_name, self.wandb_group))
+            loggers.append(wandb_logger(self.cfg, self.folder, self.run_name, self.wandb_group, self.wandb_id))
         return loggers

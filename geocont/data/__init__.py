@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytorch_lightning as pl
 
 from geocont.config import RunConfig
 
 
-def build_datamodule(cfg: RunConfig) -> pl.LightningDataModule:
+def build_datamodule(cfg: RunConfig, cache: Path | None = None) -> pl.LightningDataModule:
+    """The data module of `data.name`; `cache` is where derived data (tokenized corpora) may be kept."""
     name, batch, seed = cfg.data.name, cfg.train.batch_size, cfg.train.seed
     if name == "digits":
         from geocont.data.digits import DigitsDataModule
@@ -19,4 +22,4 @@ def build_datamodule(cfg: RunConfig) -> pl.LightningDataModule:
         return MNISTDataModule(cfg.data, batch, seed)
     from geocont.data.text import TextDataModule  # stdlib | text | wikitext103
 
-    return TextDataModule(cfg.data, batch, seed)
+    return TextDataModule(cfg.data, batch, seed, cache)

@@ -6,7 +6,7 @@ import pytorch_lightning as pl
 import torch
 from torch import Tensor
 
-from geocont.data.batches import TensorBatches
+from geocont.data.batches import TensorBatches, trainer_device
 
 
 def seeded_split(n: int, val_fraction: float, seed: int) -> tuple[Tensor, Tensor]:
@@ -45,7 +45,9 @@ class InMemoryClassification(pl.LightningDataModule):
         return self.x_train[0].numel()
 
     def train_dataloader(self) -> TensorBatches:
-        return TensorBatches(self.x_train, self.y_train, self.batch_size, shuffle=True, seed=self.seed)
+        device = trainer_device(self)
+        return TensorBatches(self.x_train, self.y_train, self.batch_size, shuffle=True, seed=self.seed, device=device)
 
     def val_dataloader(self) -> TensorBatches:
-        return TensorBatches(self.x_val, self.y_val, max(self.batch_size, 512), shuffle=False)
+        batch = max(self.batch_size, 512)
+        return TensorBatches(self.x_val, self.y_val, batch, shuffle=False, device=trainer_device(self))

@@ -17,7 +17,9 @@ Tokenizers (`data.tokenizer`): `bytes` (vocab 256) or `bpe`, a byte-level BPE of
 `data.vocab_size` trained with the `tokenizers` package on the train split only, with an
 end-of-text token between files.
 
-Tokenized corpora are cached under $GEOCONT_CACHE (default ~/.cache/geocont)/text/<entry>, keyed
+Tokenized corpora are cached under <cache>/text/<entry>, where <cache> is $GEOCONT_CACHE if set, else
+the results store's `.cache` folder (shared storage on a cluster: every node reuses one BPE), else
+~/.cache/geocont. Entries are keyed
 by a hash of the source files (path, size, mtime), the split and the tokenizer settings; entries are
 written to a temporary folder and renamed into place, so concurrent runs never read a half-written one.
 """
@@ -42,7 +44,7 @@ from torch import Tensor
 
 from geocont.config import ConfigError, DataConfig
 from geocont.data import wikitext
-from geocont.data.batches import TensorBatches
+from geocont.data.batches import TensorBatches, trainer_device
 
 STDLIB_MAX_BYTES = 8 * 2**20
 STDLIB_SKIP = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__", "encodings"}
@@ -52,9 +54,9 @@ BYTE_VOCAB = 256
 CACHE_VERSION = 1  # bump when the tokenized format changes
 
 
-def cache_root() -> Path:
-    """Where tokenized corpora live: $GEOCONT_CACHE, else ~/.cache/geocont."""
-    return Path(os.environ.get("GEOCONT_CACHE") or Path.home() / ".cache" / "geocont")
+def cache_root(default: Path | None = None) -> Path:
+    """Where tokenized corpora live: $GEOCONT_CACHE, else `default` (the store's cache), else ~/.cache/geocont."""
+    return Path(os.environ.get("GEOCONT_CACHE") or default or Path.home() / ".cache" / "geocont")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,17 +154,17 @@ def check_source(data: DataConfig) -> None:
         raise ConfigError(problems)
 
 
-def make_corpus(data: DataConfig) -> Corpus:
+def make_corpus(data: DataConfig, cache: Path | None = None) -> Corpus:
     if data.name == "stdlib":
         root = Path(sysconfig.get_paths()["stdlib"])
         return _file_corpus("stdlib", root, stdlib_files(root), data.val_fraction)
     if data.name == "text":
         root = Path(data.path).resolve()
         return _file_corpus("text", root, folder_files(root), data.val_fraction)
-    return _wikitext_corpus(data.path)
+    return _wikitext_corpus(data.path, cache)
 
 
-def _wikitext_corpus(path: str | None) -> Corpus:
+def _wikitext_corpus(path: str | None, cache: Path | None) -> Corpus:
     if path is None:
         identity = {"hub": f"{wikitext.HUB_NAME}/{wikitext.HUB_CONFIG}"}
     else:
@@ -173,7 +175,7 @@ def _wikitext_corpus(path: str | None) -> Corpus:
 
     def split(name: str) -> Iterator[str]:
         if not splits:  # load once, only on a cache miss
-            splits.update(wikitext.load_splits(path, cache_root() / "hf-datasets"))
+            splits.update(wikitext.load_splits(path, cache_root(cache) / "hf-datasets"))
         return wikitext.iter_text(splits[name])
 
     return Corpus("wikitext103", identity, lambda: split("train"), lambda: split("validation"), documents=False)
@@ -231,7 +233,7 @@ class Tokens:
     vocab_size: int
 
 
-def cache_entry(corpus: Corpus, data: DataConfig) -> Path:
+def cache_entry(corpus: Corpus, data: DataConfig, cache: Path | None = None) -> Path:
     key = {
         "version": CACHE_VERSION,
         "corpus": corpus.name,
@@ -240,7 +242,7 @@ def cache_entry(corpus: Corpus, data: DataConfig) -> Path:
         "vocab_size": data.vocab_size if data.tokenizer == "bpe" else BYTE_VOCAB,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return cache_root() / "text" / f"{corpus.name}-{data.tokenizer}-{digest}"
+    return cache_root(cache) / "text" / f"{corpus.name}-{data.tokenizer}-{digest}"
 
 
 def _build(corpus: Corpus, data: DataConfig, out: Path) -> None:
@@ -258,11 +260,11 @@ def _build(corpus: Corpus, data: DataConfig, out: Path) -> None:
     (out / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
-def load_tokens(data: DataConfig) -> Tokens:
+def load_tokens(data: DataConfig, cache: Path | None = None) -> Tokens:
     """The corpus's tokens from the cache, tokenizing (and training a BPE) on a miss."""
     check_source(data)
-    corpus = make_corpus(data)
-    entry = cache_entry(corpus, data)
+    corpus = make_corpus(data, cache)
+    entry = cache_entry(corpus, data, cache)
     if not (entry / "meta.json").is_file():
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
@@ -279,12 +281,13 @@ def load_tokens(data: DataConfig) -> Tokens:
     return Tokens(np.load(entry / "train.npy"), np.load(entry / "val.npy"), meta["vocab_size"])
 
 
-def load_tokenizer(data: DataConfig):
+def load_tokenizer(data: DataConfig, cache: Path | None = None):
     """The cached BPE of this corpus and config (None for bytes): for decoding samples."""
     if data.tokenizer == "bytes":
         return None
-    load_tokens(data)
-    return _tokenizers().Tokenizer.from_file(str(cache_entry(make_corpus(data), data) / "tokenizer.json"))
+    load_tokens(data, cache)
+    entry = cache_entry(make_corpus(data, cache), data, cache)
+    return _tokenizers().Tokenizer.from_file(str(entry / "tokenizer.json"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -310,10 +313,10 @@ class LongBatches(TensorBatches):
 class TextDataModule(pl.LightningDataModule):
     """(x, y) LongTensor batches of shape (batch_size, seq_len) with y = x shifted by one token."""
 
-    def __init__(self, data: DataConfig, batch_size: int, seed: int):
+    def __init__(self, data: DataConfig, batch_size: int, seed: int, cache: Path | None = None):
         super().__init__()
         check_source(data)
-        self.data, self.batch_size, self.seed = data, batch_size, seed
+        self.data, self.batch_size, self.seed, self.cache = data, batch_size, seed, cache
         self.tokens: Tokens | None = None
         self.train_xy = self.val_xy = None
 
@@ -326,12 +329,12 @@ class TextDataModule(pl.LightningDataModule):
 
     def prepare_data(self) -> None:
         if self.tokens is None:  # tokenizes into the cache once (Lightning calls this on one process)
-            load_tokens(self.data)
+            load_tokens(self.data, self.cache)
 
     def setup(self, stage: str | None = None) -> None:
         if self.tokens is not None:
             return
-        tokens = load_tokens(self.data)
+        tokens = load_tokens(self.data, self.cache)
         T = self.data.seq_len
         train_xy = blocks(torch.from_numpy(tokens.train), T)
         val_xy = blocks(torch.from_numpy(tokens.val), T)
@@ -353,8 +356,9 @@ class TextDataModule(pl.LightningDataModule):
 
     def train_dataloader(self) -> LongBatches:
         self.setup()
-        return LongBatches(*self.train_xy, self.batch_size, shuffle=True, seed=self.seed, drop_last=True)
+        device = trainer_device(self)
+        return LongBatches(*self.train_xy, self.batch_size, shuffle=True, seed=self.seed, drop_last=True, device=device)
 
     def val_dataloader(self) -> LongBatches:
         self.setup()
-        return LongBatches(*self.val_xy, self.batch_size, shuffle=False)
+        return LongBatches(*self.val_xy, self.batch_size, shuffle=False, device=trainer_device(self))

@@ -12,6 +12,7 @@ The maths is in geocont.metrics; this file only decides when and where results g
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import pytorch_lightning as pl
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from geocont.lit.loggers import log_to_loggers
 from geocont.metrics.geometry import delta_gw_metrics, direction_metrics, weight_metrics
+from geocont.metrics.spectral import exact_float32
 
 MetricsHook = Callable[[int, int, dict[str, float]], None]
 
@@ -37,26 +39,44 @@ class GeometryMonitor(pl.Callback):
 
     # -- setup ------------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if stage != "fit" or hasattr(self, "groups"):
+        # Only checks here: Lightning calls `setup` before the strategy moves and casts the model, so any
+        # state built from the weights now would sit on the CPU in the pre-cast dtype (on_fit_start below).
+        if stage == "fit":
+            groups = pl_module.model.weight_groups()
+            if not groups or any(len(ws) < 2 for ws in groups.values()):
+                raise ValueError("continuity needs at least two layers per weight group (model.depth >= 2)")
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        """Snapshot W(0) and allocate the accumulators from the weights as training will see them.
+
+        Runs after the strategy placed and cast the model: everything lives on the weights' device, and
+        the snapshot is of the cast weights (so update_ratio is 0 when no update survives rounding).
+        Accumulators stay fp32 whatever the parameters' precision.
+        """
+        if hasattr(self, "groups"):
             return
         self.groups: dict[str, list[nn.Parameter]] = pl_module.model.weight_groups()
-        if not self.groups or any(len(ws) < 2 for ws in self.groups.values()):
-            raise ValueError("continuity needs at least two layers per weight group (model.depth >= 2)")
         self.initial = {role: stack(ws) for role, ws in self.groups.items()}
         # One (L, m, n) accumulator per role, added to through per-layer views: no copy at metric time.
         self.grad_sum = {role: torch.zeros_like(self.initial[role]) for role in self.groups}
         self.grad_views = {role: list(acc.unbind(0)) for role, acc in self.grad_sum.items()}
         self.grad_init: dict[str, float] | None = None
         self.grad_basis: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1 (a subspace)
+        self.metrics_s = 0.0  # wall time spent computing geometry metrics (run.json's metrics_s)
 
     # -- every step -------------------------------------------------------------------------
     @torch.no_grad()
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self.grad_init is None:
-            self.grad_init = direction_metrics("grad_init", self._grad_stacks())
+            with exact_float32():
+                self.grad_init = direction_metrics("grad_init", self._grad_stacks())
             self._log(trainer, self.grad_init)
+        stopped = getattr(pl_module, "stopped", None)  # set when the step's checks are deferred (see GeoModule)
         for role, ws in self.groups.items():
-            torch._foreach_add_(self.grad_views[role], [w.grad.float() for w in ws])
+            grads = [w.grad.float() for w in ws]
+            if stopped is not None:  # a step after a non-finite loss adds nothing (NaN * 0 is NaN: select)
+                grads = [torch.where(stopped, 0.0, g) for g in grads]
+            torch._foreach_add_(self.grad_views[role], grads)
 
     def _grad_stacks(self) -> dict[str, Tensor]:
         return {role: stack([w.grad for w in ws]) for role, ws in self.groups.items()}
@@ -88,10 +108,13 @@ class GeometryMonitor(pl.Callback):
         return values
 
     def geometry(self) -> dict[str, float]:
-        weights = {role: stack(ws) for role, ws in self.groups.items()}
-        values = weight_metrics(weights, self.initial)
-        values.update(direction_metrics("grad_cum", self.grad_sum, warm=self.grad_basis))
-        values.update(delta_gw_metrics(values, list(self.groups)))
+        t0 = time.perf_counter()
+        with exact_float32():
+            weights = {role: stack(ws) for role, ws in self.groups.items()}
+            values = weight_metrics(weights, self.initial)
+            values.update(direction_metrics("grad_cum", self.grad_sum, warm=self.grad_basis))
+            values.update(delta_gw_metrics(values, list(self.groups)))
+        self.metrics_s += time.perf_counter() - t0  # .item() inside the metrics synchronises: wall time is true
         return values
 
     def _log(self, trainer: pl.Trainer, values: dict[str, float]) -> None:

@@ -82,11 +82,13 @@ def log_to_loggers(trainer, values: dict[str, float], flush: bool = False) -> No
             logger.flush()
 
 
-def wandb_logger(cfg: RunConfig, folder: Path, run_name: str | None, group: str | None):
-    """Lightning's WandbLogger with the mode passed explicitly.
+def wandb_logger(cfg: RunConfig, folder: Path, run_name: str | None, group: str | None, run_id: str):
+    """Lightning's WandbLogger with the mode passed explicitly and the run's own id.
 
     `WandbLogger(offline=True)` would set WANDB_MODE in os.environ, which leaks into later runs in the
     same process (Ray reuses actors) and overrides `disabled`; passing `mode` keeps it per run.
+    `id` + `resume="allow"`: a retried or resumed trial continues its wandb run instead of adding a
+    second one (wandb ids are unique per project, so the id is `<sweep>-<run_id>`, the store's key).
     """
     from pytorch_lightning.loggers import WandbLogger
 
@@ -96,6 +98,8 @@ def wandb_logger(cfg: RunConfig, folder: Path, run_name: str | None, group: str 
         project=wb.project,
         entity=wb.entity,
         name=run_name or cfg.run_id(),
+        id=run_id,
+        resume="allow",
         group=group,
         save_dir=str(folder),
         mode=wb.mode,
