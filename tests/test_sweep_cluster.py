@@ -29,13 +29,23 @@ RAY = str(Path(sys.executable).with_name("ray"))
 @pytest.fixture
 def cluster(tmp_path):
     """(address, env) of a two-node cluster that lives for the test."""
+    yield from two_nodes(tmp_path)
+
+
+@pytest.fixture
+def gpu_cluster(tmp_path):
+    """The same, each node advertising one logical GPU (no CUDA here: Ray only counts it)."""
+    yield from two_nodes(tmp_path, "--num-gpus=1")
+
+
+def two_nodes(tmp_path, *options: str):
     env = {**os.environ, "HOME": str(tmp_path / "home"), "RAY_AUTH_MODE": "token", "RAY_USAGE_STATS_ENABLED": "0"}
     subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True, timeout=60)
     temps = [
         Path(tempfile.mkdtemp(prefix=f"gc-{role}-", dir="/tmp")) for role in ("head", "node")
     ]  # short: socket paths
     try:
-        common = ["--num-cpus=1", "--disable-usage-stats"]
+        common = ["--num-cpus=1", "--disable-usage-stats", *options]
         head = [RAY, "start", "--head", "--port=0", "--include-dashboard=false", "--node-ip-address=127.0.0.1"]
         subprocess.run(
             [*head, *common, f"--temp-dir={temps[0]}"], env=env, check=True, capture_output=True, timeout=180
@@ -60,8 +70,16 @@ def test_sweep_with_address_runs_trials_on_both_nodes(tmp_path, cluster):
         "resources": {"cpu": 1},
         "tracking": {"wandb": {"mode": "disabled"}, "tensorboard": False},
     }
-    path.write_text(yaml.safe_dump(sweep))
     store = tmp_path / "store"  # shared storage: both nodes see this machine's disk
+    launch(path, sweep, store, address, env)
+    infos = results.list_run_infos(store, "cluster")
+    assert [i["status"] for i in infos] == ["completed"] * 4
+    assert len({i["node_id"] for i in infos}) == 2  # both nodes ran trials (an embedded Ray would have one)
+    assert all(i["node"].endswith(i["node_id"][:8]) for i in infos)
+
+
+def launch(path: Path, sweep: dict, store: Path, address: str, env: dict) -> None:
+    path.write_text(yaml.safe_dump(sweep))
     cmd = [
         sys.executable,
         "-m",
@@ -76,7 +94,33 @@ def test_sweep_with_address_runs_trials_on_both_nodes(tmp_path, cluster):
     ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    infos = results.list_run_infos(store, "cluster")
-    assert [i["status"] for i in infos] == ["completed"] * 4
-    assert len({i["node_id"] for i in infos}) == 2  # both nodes ran trials (an embedded Ray would have one)
-    assert all(i["node"].endswith(i["node_id"][:8]) for i in infos)
+
+
+def test_quarter_gpu_trials_share_each_nodes_gpu_and_zero_gpu_trials_see_none(tmp_path, gpu_cluster):
+    address, env = gpu_cluster
+    base = {"model": {"kind": "mlp", "depth": 3, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 2}}
+    off = {"wandb": {"mode": "disabled"}, "tensorboard": False}
+    store = tmp_path / "store"
+    shared = {
+        "name": "quarter",
+        "base": base,
+        "grid": {"model.activation": ["relu", "gelu", "silu", "none"]},
+        "seeds": [0, 1],
+        "resources": {"cpu": 0.25, "gpu": 0.25},
+        "tracking": off,
+    }
+    launch(tmp_path / "quarter.yaml", shared, store, address, env)
+    infos = results.list_run_infos(store, "quarter")
+    assert [i["status"] for i in infos] == ["completed"] * 8
+    # each node's one GPU (id 0) is what Ray hands every quarter trial; with no CUDA here `auto` runs on the CPU
+    assert {i["cuda_visible_devices"] for i in infos} == {"0"} and {i["device"] for i in infos} == {"cpu"}
+    workers = {}
+    for i in infos:
+        workers.setdefault(i["node_id"], set()).add(i["worker_pid"])
+    assert len(workers) == 2
+    assert all(2 <= len(pids) <= 4 for pids in workers.values())  # several trials shared a GPU at once
+
+    none = {**shared, "name": "no-gpu", "grid": {"model.activation": ["relu", "gelu"]}, "seeds": [0]}
+    launch(tmp_path / "none.yaml", {**none, "resources": {"cpu": 0.5, "gpu": 0}}, store, address, env)
+    infos = results.list_run_infos(store, "no-gpu")
+    assert [(i["status"], i["cuda_visible_devices"], i["device"]) for i in infos] == [("completed", "", "cpu")] * 2

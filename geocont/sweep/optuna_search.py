@@ -35,6 +35,7 @@ from geocont import store as results
 from geocont.config import resolve
 from geocont.sweep import ray_runner
 from geocont.sweep.grid import SEED_PATH, base_raw, to_tree, trial_name
+from geocont.sweep.placement import check_launch
 from geocont.sweep.spec import SpaceParam, SweepConfig
 
 JOURNAL = "optuna.journal"
@@ -186,6 +187,7 @@ def run_search(
 ) -> ray_runner.Outcome:
     """Run what is left of the search's n_trials (all of it on first launch, the rest on resume)."""
     n_trials = sweep.search.n_trials
+    check_launch(sweep.resources.gpu, [resolve(base_raw(sweep))])  # before Ray starts or anything is written
     t0 = time.perf_counter()
     with ray_runner.claim(store, sweep.name), contextlib.ExitStack() as stack:
         done_before = _finished_count(store, sweep)

@@ -36,7 +36,7 @@ class _Strict(BaseModel):
 
 
 class Resources(_Strict):
-    """Per trial. Fractions of a GPU share one device between trials; above 1 it must be whole."""
+    """Per trial. Fractions of a GPU share one device between trials; more than one GPU is refused."""
 
     cpu: float = Field(1.0, gt=0)
     gpu: float = Field(0.0, ge=0)
@@ -162,8 +162,11 @@ def shape_problems(sweep: SweepConfig) -> list[str]:
         problems.append(f"name: {sweep.name!r} is reserved for single runs; choose another name")
     problems += _seed_problems(sweep.seeds)
     gpu = sweep.resources.gpu
-    if gpu > 1 and not float(gpu).is_integer():
-        problems.append(f"resources.gpu: {gpu:g} is a fraction above 1; allowed: a fraction up to 1, or 1, 2, ...")
+    if gpu > 1:  # see sweep/placement.py
+        problems.append(
+            f"resources.gpu: {gpu:g} per trial, but a trial trains on one device; allowed: 0 (CPU) or a share up "
+            "to 1 (0.25 puts four trials on one GPU)"
+        )
     for path, values in sweep.grid.items():
         if not values:
             problems.append(f"grid.{path}: empty axis; give at least one value")
