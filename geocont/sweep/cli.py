@@ -90,7 +90,7 @@ def _stdout() -> Console:
 def _report(run) -> None:
     """Run a launch/resume with the live view, then print what happened and set the exit code."""
     from geocont.sweep.live import SweepView
-    from geocont.sweep.ray_runner import SweepBusy
+    from geocont.sweep.lock import SweepBusy
 
     view = SweepView()
     try:
