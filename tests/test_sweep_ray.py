@@ -198,3 +198,36 @@ def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
         assert trial.value == pytest.approx(stored)
     code, out, _ = finish(geocont("resume", "search", "--store", str(store)))
     assert code == 0 and "nothing to run" in out
+
+
+def test_a_trial_whose_worker_dies_is_retried_from_a_clean_folder(tmp_path):
+    import psutil
+
+    from geocont.sweep.ray_runner import EMBEDDED_ROOT, ray_processes
+
+    path = write_sweep(
+        tmp_path,
+        name="lost",
+        base={**TINY, "train": {"epochs": 40, "batch_size": 32}},
+        retries=1,
+        tracking={"wandb": {"mode": "disabled"}, "tensorboard": True},
+    )
+    (trial,) = expand(load_sweep(path))
+    store = tmp_path / "store"
+    folder = results.run_dir(store, "lost", trial.run_id)
+    proc = geocont("launch", str(path), "--store", str(store))
+    deadline = time.monotonic() + 300
+    while not (folder / "metrics.partial.parquet").exists():  # the first attempt is training and has written
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.2)
+    workers = [p for p in ray_processes(EMBEDDED_ROOT / str(proc.pid)) if "ImplicitFunc" in " ".join(p.cmdline())]
+    assert len(workers) == 1
+    workers[0].send_signal(signal.SIGKILL)  # what a lost node looks like to Tune: the actor is gone
+    code, out, err = finish(proc)
+    assert code == 0, out + err
+    assert f"{trial.run_id} (2 attempts)" in out
+    assert run_infos(store, "lost")[trial.run_id]["status"] == "completed"
+    assert run_infos(store, "lost")[trial.run_id]["worker_pid"] != workers[0].pid
+    assert len(list((folder / "tensorboard").glob("events.out.tfevents.*"))) == 1  # none left from the lost attempt
+    assert not (folder / "metrics.partial.parquet").exists()
+    assert not psutil.pid_exists(workers[0].pid)

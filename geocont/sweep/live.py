@@ -80,7 +80,7 @@ class SweepView:
             elif kind == "result":
                 self._update(row, result)
             elif kind == "retry":
-                row.status = "retrying"
+                row.status, row.error = "retrying", result.get("error", "")
             elif kind == "complete":
                 self._update(row, result)
                 row.status = result.get("run_status", "completed")

@@ -14,8 +14,6 @@ existing cluster (`auto`, `host:port`, `ray://host:10001`), whose store must be 
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
 import logging
 import math
 import os
@@ -33,6 +31,8 @@ from ray import tune
 from geocont import store as results
 from geocont.config import ConfigError
 from geocont.sweep.grid import expand
+from geocont.sweep.lock import driver_lock
+from geocont.sweep.placement import check_launch, trial_accelerator
 from geocont.sweep.spec import SweepConfig
 
 DONE = ("completed", "diverged")  # deterministic outcomes: never run again
@@ -42,10 +42,6 @@ EMBEDDED_ROOT = Path(tempfile.gettempdir()) / f"geocont-ray-{os.getuid()}"  # sh
 
 class TrialFailed(RuntimeError):
     """Raised inside a trial when train() recorded `failed`, so Tune's FailureConfig retries it."""
-
-
-class SweepBusy(RuntimeError):
-    """Another driver holds this sweep."""
 
 
 @dataclass
@@ -104,6 +100,7 @@ def run_sweep(
 
         return run_search(sweep, text, store, address=address, max_concurrent=max_concurrent, view=view)
     trials = expand(sweep)
+    check_launch(sweep.resources.gpu, [t.config for t in trials])  # before Ray starts or anything is written
     t0 = time.perf_counter()
     with claim(store, sweep.name), contextlib.ExitStack() as stack:
         pending = [t for t in trials if not is_done(store, sweep.name, t.run_id)]
@@ -157,36 +154,14 @@ def record_spec(store: Path, sweep: str, text: str) -> None:
 
 @contextlib.contextmanager
 def claim(store: Path, sweep: str) -> Iterator[None]:
-    """Become the sweep's one driver, then stop what a killed driver left running.
+    """Become the sweep's one driver (a lock in the store: see lock.py), then stop what a killed driver
+    left running on this machine.
 
     Both before anything reads the store: an orphaned worker of a SIGKILLed driver can still finish its
     trial, and one that wrote run.json after the store was read would see its folder cleared and rerun.
     """
     with driver_lock(store, sweep):
         stop_stale_instances()
-        yield
-
-
-@contextlib.contextmanager
-def driver_lock(store: Path, sweep: str) -> Iterator[None]:
-    """One driver per sweep on this machine: an flock the kernel drops when the driver dies, even by SIGKILL.
-
-    The lock file sits beside the embedded Ray folders (not in the store, which holds results only).
-    """
-    key = hashlib.sha256(f"{store}/{sweep}".encode()).hexdigest()[:16]
-    path = EMBEDDED_ROOT / "locks" / f"{key}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.seek(0)
-            raise SweepBusy(
-                f"sweep {sweep!r} in {store} is being run by another driver ({handle.read().strip()})"
-            ) from None
-        handle.truncate(0)
-        handle.write(f"pid {os.getpid()}\n")
-        handle.flush()
         yield
 
 
@@ -322,19 +297,32 @@ def _driver_alive(pid: int, folder: Path, psutil: Any) -> bool:
 # Tune
 
 
-def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, cwd: str) -> None:
+def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, gpu: float, cwd: str) -> None:
     """One trial: train(cfg) with live metrics to Tune; raises on `failed` so FailureConfig retries it."""
+    from geocont.config import RunConfig
+
+    spec = config["trial"]
+    cfg = RunConfig.model_validate(spec["config"])
+    accelerator = trial_accelerator(gpu, cfg.train.accelerator)  # first: hides the GPUs before torch looks
+
     import torch
 
-    from geocont.config import RunConfig
     from geocont.train import train
 
     torch.set_num_threads(threads)
     if os.path.isdir(cwd):  # Tune moved us into its trial folder: relative paths mean what they mean to the CLI
         os.chdir(cwd)
-    spec = config["trial"]
     node_id = ray.get_runtime_context().get_node_id()
-    info = {"node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}", "node_id": node_id, "worker_pid": os.getpid()}
+    info = {
+        "node": f"{ray.util.get_node_ip_address()}/{node_id[:8]}",
+        "node_id": node_id,
+        "worker_pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    if is_done(Path(store), sweep, spec["run_id"]):  # an earlier attempt finished, then its worker died
+        tune.report({"run_status": results.read_run_info(store, sweep, spec["run_id"])["status"]})
+        return
+    clear_unfinished(Path(store), sweep, [spec["run_id"]])  # a retry after a lost worker starts clean
     last_epoch, last_report = 0, -math.inf
 
     def on_metrics(epoch: int, step: int, values: dict[str, float]) -> None:
@@ -346,7 +334,6 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, c
             last_report = time.monotonic()
             tune.report({"epoch": epoch, "step": step, "node": info["node"], **values})
 
-    cfg = RunConfig.model_validate(spec["config"])
     try:
         result = train(
             cfg,
@@ -357,6 +344,7 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, c
             wandb_group=sweep,
             info=info,
             progress=False,
+            accelerator=accelerator,
         )
     except Exception as err:  # train() raises for bad input met only here (a missing data folder): still a trial
         error = f"{type(err).__name__}: {err}".splitlines()[0][:500]
@@ -394,7 +382,12 @@ def tuner(
     for name in ("ray.tune.execution.tune_controller", "ray.tune.tune"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
     fn = tune.with_parameters(
-        trainable, store=str(store), sweep=sweep.name, threads=sweep.resources.threads(), cwd=os.getcwd()
+        trainable,
+        store=str(store),
+        sweep=sweep.name,
+        threads=sweep.resources.threads(),
+        gpu=sweep.resources.gpu,
+        cwd=os.getcwd(),
     )
     param_space = tune_config.pop("param_space", None)
     return tune.Tuner(
@@ -471,17 +464,18 @@ class AttemptTracker(tune.Callback):
         self._tell("complete", trial, trial.last_result or {})
 
     def on_trial_recover(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._tell("retry", trial)
+        # a worker that died (node lost, OOM) or raised: its error reaches the driver's output before the retry
+        self._tell("retry", trial, {"error": _error_line(trial.error_file, trial.config["trial"]["name"])})
 
     def on_trial_error(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        self._tell("error", trial, {"error": _first_line(trial.error_file, trial.config["trial"]["name"])})
+        self._tell("error", trial, {"error": _error_line(trial.error_file, trial.config["trial"]["name"])})
 
     def _tell(self, event: str, trial: Any, result: dict | None = None) -> None:
         if self.view is not None:
             self.view.event(event, trial.config["trial"], result or {})
 
 
-def _first_line(error_file: str | None, name: str) -> str:
+def _error_line(error_file: str | None, name: str) -> str:
     """The error of a failed trial: the last line of Tune's error file, less our own wrapping."""
     if not error_file or not os.path.isfile(error_file):
         return ""
