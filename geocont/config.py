@@ -325,5 +325,5 @@ def load_run(path: str | Path | None = None, sets: list[str] | None = None) -> R
 
 
 def load_yaml(path: str | Path) -> RunConfig:
-    """DESIGN.md's name for loading one run config."""
+    """docs/architecture.md's name for loading one run config."""
     return load_run(path)

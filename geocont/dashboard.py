@@ -58,7 +58,7 @@ def _lines(*metrics: str) -> tuple[Panel, ...]:
 
 
 def sections(kind: str) -> list[Section]:
-    """The dashboard layout of a sweep kind; metric names as DESIGN.md fixes them."""
+    """The dashboard layout of a sweep kind; metric names as docs/contracts.md fixes them."""
     if kind == "mlp":
         return [
             Section("Weight continuity", _lines(

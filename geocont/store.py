@@ -1,6 +1,6 @@
 """The results store: a folder of plain files that is the source of truth (wandb is a copy).
 
-Layout (DESIGN.md):
+Layout (docs/contracts.md):
     <store>/<sweep>/<run_id>/config.yaml      the fully resolved RunConfig
     <store>/<sweep>/<run_id>/metrics.parquet  long format: run_id, epoch, step, name, value
     <store>/<sweep>/<run_id>/run.json         run_id, sweep, status, started, finished, error, ...

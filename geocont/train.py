@@ -39,7 +39,7 @@ def _now() -> str:
 
 
 def _quiet_lightning() -> None:
-    # The Lightning import resets its loggers, so this runs after it (STACK.md).
+    # The Lightning import resets its loggers, so this runs after it (docs/stack.md).
     for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*LeafSpec.*")

@@ -34,7 +34,7 @@ def test_reference_columns_name_design_metrics(which):
 
 
 def test_reference_values_are_the_papers():
-    """Spot checks against PAPER.md, including the unit of accuracy."""
+    """Spot checks against docs/science.md, including the unit of accuracy."""
     mlp = {r["config"]: r for r in table_spec("mlp")["rows"]}
     assert mlp["Res + ReLU"]["values"] == {
         "acc": 97.7, "grad v1": 0.792, "weight v1": 0.959, "weight u1": 0.940, "weight sigma2-WA": 0.249,

@@ -1,4 +1,4 @@
-"""Metric dicts with DESIGN.md's names for groups of same-role weights (role '' = the MLP stack).
+"""Metric dicts with docs/contracts.md's names for groups of same-role weights (role '' = the MLP stack).
 
 These helpers turn {role: (L, m, n) stack} into {"weight/q/v1_continuity": value, ...}; callers
 decide when to call them. Non-finite stacks (a diverged run) give NaN instead of raising.

@@ -242,7 +242,7 @@ def _start_block(start: Tensor | None, L: int, d: int, b: int, device: torch.dev
 
 
 def weight_continuity(W: Tensor) -> dict[str, float]:
-    """Every weight-space metric of DESIGN.md for one stack (L, m, n), from one eigendecomposition.
+    """Every weight-space metric of docs/contracts.md for one stack (L, m, n), from one eigendecomposition.
 
     Keys: v1_continuity, u1_continuity, sigma2_continuity (input space), sigma2_continuity_u
     (output space) and spectral_gap (mean s1/s2; v1 is ill-defined when it is close to 1). The

@@ -394,7 +394,7 @@ def tuner(
         tune.with_resources(fn, {"cpu": sweep.resources.cpu, "gpu": sweep.resources.gpu}),
         param_space=param_space,
         tune_config=tune.TuneConfig(
-            reuse_actors=True,  # no re-import of torch/Lightning per trial (STACK.md: ~3x less overhead)
+            reuse_actors=True,  # no re-import of torch/Lightning per trial (docs/stack.md: ~3x less overhead)
             max_concurrent_trials=max_concurrent,
             trial_name_creator=lambda trial: trial.config["trial"]["name"],
             trial_dirname_creator=lambda trial: trial.trial_id,

@@ -20,7 +20,7 @@ from geocont.config import ROLES, ConfigError, deep_merge, describe_errors, pars
 NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 RESERVED_NAMES = ("single",)  # `geocont train` writes single runs there
 
-# Metrics that train() reports and a search may optimise (DESIGN.md's names); transformers add
+# Metrics that train() reports and a search may optimise (docs/contracts.md's names); transformers add
 # one name per projection role.
 METRICS = (
     "train/loss", "val/loss", "val/acc", "val/ppl",
@@ -72,7 +72,7 @@ class SearchConfig(_Strict):
 
 
 class SweepConfig(_Strict):
-    """A sweep file (DESIGN.md). `base` is a raw RunConfig mapping; grid/include/exclude use dotted paths."""
+    """A sweep file (docs/contracts.md). `base` is a raw RunConfig mapping; grid/include/exclude use dotted paths."""
 
     name: str
     base: dict[str, Any] = {}
