@@ -45,6 +45,7 @@ class GeoModule(pl.LightningModule):
     optimizer as `found_inf`, which skips the update on the device, so the weights stay the last finite
     ones until the next buffer read ends the run as `diverged`. On the CPU reading a tensor costs no
     sync, so there the check stays eager (`defer_checks` False): no NaN step is even backpropagated.
+    See docs/gpu.md.
     """
 
     DEFER_ON_CPU = False  # tests set it to run the accelerator's deferred path on a CPU
@@ -75,7 +76,8 @@ class GeoModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         # Here, not in __init__: the strategy has placed the model, so these live on its device.
-        self.defer_checks = self.device.type != "cpu" or self.DEFER_ON_CPU
+        # CUDA only: there the fused optimizers take `found_inf`; elsewhere (MPS) the unfused ones refuse it
+        self.defer_checks = self.device.type == "cuda" or self.DEFER_ON_CPU
         self.losses = torch.empty(self.log_every_n_steps, device=self.device)
         self.loss_steps: list[int] = []  # global step (updates applied before it) of each buffered loss
         if self.defer_checks:
