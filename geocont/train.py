@@ -70,10 +70,10 @@ def train(
 
     accelerator = accelerator or cfg.train.accelerator
     check_run(cfg, accelerator)  # a missing GPU or wandb key: ConfigError before any file exists
-    session = _Session(cfg, on_metrics, run_name, wandb_group, progress, accelerator)
-    session.wandb_id = f"{sweep}-{cfg.run_id()}"  # one wandb run per store record: retries and resumes continue it
-    session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
     run_id = cfg.run_id()
+    wandb_id = f"{sweep}-{run_id}"  # one wandb run per store record: retries and resumes continue it
+    session = _Session(cfg, on_metrics, run_name, wandb_group, progress, accelerator, wandb_id)
+    session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
     folder = store.run_dir(store_dir, sweep, run_id)
     folder.mkdir(parents=True, exist_ok=True)
     store.write_config(folder, cfg.to_dict())
@@ -129,14 +129,14 @@ def _finish_wandb(logger, timeout_s: float = WANDB_FINISH_TIMEOUT_S) -> None:
 class _Session:
     """The Lightning objects of one run, built and driven in order; keeps train() short."""
 
-    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress, accelerator):
+    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress, accelerator, wandb_id):
         import pytorch_lightning as pl
 
         _quiet_lightning()
         self.pl = pl
         self.cfg = cfg
         self.on_metrics, self.run_name, self.wandb_group, self.progress = on_metrics, run_name, wandb_group, progress
-        self.accelerator = accelerator
+        self.accelerator, self.wandb_id = accelerator, wandb_id
         self.steps = self.epochs = 0
         self.device, self.metrics_s = "cpu", 0.0
         self.wandb_run = None
