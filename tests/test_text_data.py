@@ -215,3 +215,25 @@ def test_wikitext_folder_without_its_files_is_a_config_error(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ConfigError, match="wiki.train.raw"):
         TextDataModule(DataConfig(name="wikitext103", path=str(tmp_path)), batch_size=2, seed=0)
+
+
+def test_a_run_caches_its_tokens_in_the_store_unless_geocont_cache_says_otherwise(folder, tmp_path, monkeypatch):
+    # a cluster's nodes share the store, not their home folders: one tokenization serves every node
+    from geocont.config import resolve
+    from geocont.train import train
+
+    monkeypatch.delenv("GEOCONT_CACHE")
+    cfg = resolve(
+        {
+            "model": {"kind": "transformer", "depth": 2, "width": 16, "heads": 2, "kv_heads": 2, "mlp_width": 32},
+            "data": {"name": "text", "path": str(folder), "seq_len": 16, "val_fraction": 0.3},
+            "train": {"epochs": 1, "batch_size": 4, "max_steps": 2},
+            "tracking": {"wandb": {"mode": "disabled"}, "tensorboard": False},
+        }
+    )
+    store = tmp_path / "store"
+    assert train(cfg, store, progress=False).status == "completed"
+    assert len(list((store / ".cache" / "text").glob("text-bytes-*/meta.json"))) == 1
+    from geocont.store import sweep_names
+
+    assert sweep_names(store) == ["single"]  # the cache is not taken for a sweep
