@@ -150,6 +150,7 @@ class WandbConfig(_Strict):
     mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "geocont"
     entity: str | None = None
+    group: str | None = None  # a sweep's trials get the sweep's name
 
 
 class TrackingConfig(_Strict):

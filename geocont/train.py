@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 import time
 import traceback
 import warnings
@@ -19,7 +18,7 @@ from typing import Any
 
 from geocont import store
 from geocont.config import RunConfig
-from geocont.lit.callbacks import MetricsHook
+from geocont.lit.progress import MetricsHook
 
 LOG_EVERY_N_STEPS = 10  # train/loss to the loggers every 10 batches
 
@@ -56,7 +55,6 @@ def train(
     *,
     on_metrics: MetricsHook | None = None,
     run_name: str | None = None,
-    wandb_group: str | None = None,
     info: dict[str, Any] | None = None,
     progress: bool = True,
     accelerator: str | None = None,
@@ -71,8 +69,7 @@ def train(
     accelerator = accelerator or cfg.train.accelerator
     check_run(cfg, accelerator)  # a missing GPU or wandb key: ConfigError before any file exists
     run_id = cfg.run_id()
-    wandb_id = f"{sweep}-{run_id}"  # one wandb run per store record: retries and resumes continue it
-    session = _Session(cfg, on_metrics, run_name, wandb_group, progress, accelerator, wandb_id)
+    session = _Session(cfg, on_metrics, run_name, sweep, progress, accelerator)
     session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
     folder = store.run_dir(store_dir, sweep, run_id)
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,50 +93,25 @@ def train(
         "metrics_s": round(session.metrics_s, 3),
         **(info or {}),
     }
-    session.store_logger.publish()
+    session.trackers.store.publish()
     store.write_run_info(folder, record)  # the record is final before any tracker is closed
-    session.close_trackers()
-    return RunResult(run_id, sweep, status, session.store_logger.final_values(), error, folder)
-
-
-WANDB_FINISH_TIMEOUT_S = 60.0
-
-
-def _finish_wandb(logger, timeout_s: float = WANDB_FINISH_TIMEOUT_S) -> None:
-    """Close the wandb run, waiting at most `timeout_s` for its upload.
-
-    The store already holds the final record; an upload stuck on a dead network must not hold the
-    trial (and the sweep's next trial) back. What it had not sent stays in the run's wandb folder.
-    """
-    log = logging.getLogger("geocont")
-
-    def finish() -> None:
-        try:
-            logger.experiment.finish()
-        except Exception as err:  # the store, not wandb, is the source of truth
-            log.warning("wandb finish failed: %s", err)
-
-    closer = threading.Thread(target=finish, name="wandb-finish", daemon=True)
-    closer.start()
-    closer.join(timeout_s)
-    if closer.is_alive():
-        log.warning("wandb still uploading after %.0f s; left behind (`wandb sync` its folder later)", timeout_s)
+    session.trackers.close()
+    return RunResult(run_id, sweep, status, session.trackers.store.final_values(), error, folder)
 
 
 class _Session:
     """The Lightning objects of one run, built and driven in order; keeps train() short."""
 
-    def __init__(self, cfg, on_metrics, run_name, wandb_group, progress, accelerator, wandb_id):
+    def __init__(self, cfg, on_metrics, run_name, sweep, progress, accelerator):
         import pytorch_lightning as pl
 
         _quiet_lightning()
         self.pl = pl
         self.cfg = cfg
-        self.on_metrics, self.run_name, self.wandb_group, self.progress = on_metrics, run_name, wandb_group, progress
-        self.accelerator, self.wandb_id = accelerator, wandb_id
+        self.on_metrics, self.run_name, self.sweep, self.progress = on_metrics, run_name, sweep, progress
+        self.accelerator = accelerator
         self.steps = self.epochs = 0
         self.device, self.metrics_s = "cpu", 0.0
-        self.wandb_run = None
 
     def prepare(self, cache_dir: Path) -> None:
         """Load the data: the one step whose failure is the user's input rather than the run."""
@@ -149,17 +121,16 @@ class _Session:
         self.datamodule.setup("fit")
 
     def run(self, folder: Path, run_id: str) -> tuple[str, str | None]:
-        from geocont.lit.loggers import StoreLogger
+        from geocont.lit.trackers import RunContext, RunTrackers
 
         self.folder = folder
-        self.store_logger = StoreLogger(folder, run_id)
+        self.trackers = RunTrackers(RunContext(self.cfg, folder, run_id, self.sweep, self.run_name))
         monitor = None
         try:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
             datamodule = self.datamodule
             module, monitor = self._build()
-            trainer = self._trainer(monitor)
-            self.wandb_run = next((lg for lg in trainer.loggers if type(lg).__name__ == "WandbLogger"), None)
+            trainer = self._trainer(self._callbacks(monitor))
             trainer.fit(module, datamodule=datamodule)
             self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
@@ -178,10 +149,6 @@ class _Session:
         finally:
             self.metrics_s = getattr(monitor, "metrics_s", 0.0)
 
-    def close_trackers(self) -> None:
-        if self.wandb_run is not None:
-            _finish_wandb(self.wandb_run)
-
     def _build(self):
         from geocont.lit.callbacks import GeometryMonitor
         from geocont.lit.module import Classifier, LanguageModel
@@ -194,10 +161,15 @@ class _Session:
         else:
             model = build_model(cfg, vocab_size=datamodule.vocab_size)
             module = LanguageModel(model, cfg.optim, LOG_EVERY_N_STEPS)
-        monitor = GeometryMonitor(self.on_metrics, language_model=cfg.model.kind == "transformer")
-        return module, monitor
+        return module, GeometryMonitor()
 
-    def _trainer(self, monitor):
+    def _callbacks(self, monitor) -> list:
+        from geocont.lit.progress import ProgressHook
+
+        # the monitor first: the progress hook then reports this event's geometry values
+        return [monitor] + ([ProgressHook(self.on_metrics, self.trackers.store)] if self.on_metrics else [])
+
+    def _trainer(self, callbacks: list):
         cfg = self.cfg.train
         every = cfg.metrics_every_n_steps
         return self.pl.Trainer(
@@ -206,8 +178,8 @@ class _Session:
             accelerator=self.accelerator,
             devices=1,
             precision=cfg.precision,
-            logger=self._loggers(),
-            callbacks=[monitor],
+            logger=self.trackers.loggers,
+            callbacks=callbacks,
             val_check_interval=every,
             check_val_every_n_epoch=None if every else 1,
             log_every_n_steps=LOG_EVERY_N_STEPS,
@@ -217,18 +189,3 @@ class _Session:
             enable_progress_bar=self.progress,
             default_root_dir=str(self.folder),
         )
-
-    def _loggers(self) -> list:
-        loggers: list = [self.store_logger]
-        tracking = self.cfg.tracking
-        if tracking.tensorboard:
-            from pytorch_lightning.loggers import TensorBoardLogger
-
-            loggers.append(
-                TensorBoardLogger(save_dir=str(self.folder), name="tensorboard", version="", default_hp_metric=False)
-            )
-        if tracking.wandb.mode != "disabled":
-            from geocont.lit.loggers import wandb_logger
-
-            loggers.append(wandb_logger(self.cfg, self.folder, self.run_name, self.wandb_group, self.wandb_id))
-        return loggers

@@ -144,7 +144,7 @@ def test_the_wandb_run_id_is_the_store_key_so_a_rerun_continues_it(store, monkey
 
 
 def test_closing_wandb_waits_a_bounded_time():
-    from geocont.train import _finish_wandb
+    from geocont.lit.trackers import finish_wandb
 
     release = threading.Event()
 
@@ -155,7 +155,7 @@ def test_closing_wandb_waits_a_bounded_time():
                 release.wait(30)
 
     t0 = time.perf_counter()
-    _finish_wandb(StuckUpload(), timeout_s=0.3)
+    finish_wandb(StuckUpload(), timeout_s=0.3)
     assert time.perf_counter() - t0 < 5
     release.set()
 

@@ -56,7 +56,7 @@ def test_no_key_or_token_in_any_written_file(tmp_path, monkeypatch):
         "train": {"epochs": 2, "batch_size": 64},
         "tracking": {"wandb": {"mode": "offline", "project": "geocont-secrets"}, "tensorboard": True},
     })  # fmt: skip
-    result = train(cfg, root, "secrets", progress=False, run_name="secret-scan", wandb_group="secrets")
+    result = train(cfg, root, "secrets", progress=False, run_name="secret-scan")
     assert result.status == "completed", result.error
     run = result.run_dir
     assert list(run.glob("wandb/offline-run-*/run-*.wandb")), "the run wrote no wandb offline files"

@@ -106,7 +106,7 @@ def test_tensorboard_event_files(store):
 def test_wandb_offline_writes_a_local_run_under_the_store(store, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = resolve(tiny_run(tracking={"wandb": {"mode": "offline"}}))
-    result = train(cfg, store, run_name="tiny", wandb_group="g", progress=False)
+    result = train(cfg, store, run_name="tiny", progress=False)
     assert result.status == "completed", result.error
     assert list(result.run_dir.glob("wandb/offline-run-*/run-*.wandb"))
 

@@ -11,9 +11,7 @@ The maths is in geocont.metrics; this file only decides when and where results g
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable
 
 import pytorch_lightning as pl
 import torch
@@ -23,8 +21,6 @@ from geocont.lit.loggers import log_to_loggers
 from geocont.metrics.geometry import delta_gw_metrics, direction_metrics, weight_metrics
 from geocont.metrics.spectral import exact_float32
 
-MetricsHook = Callable[[int, int, dict[str, float]], None]
-
 
 def stack(params: list[nn.Parameter] | list[Tensor]) -> Tensor:
     """Same-shape per-layer matrices as one (L, m, n) fp32 tensor, detached, on the weights' device."""
@@ -32,9 +28,7 @@ def stack(params: list[nn.Parameter] | list[Tensor]) -> Tensor:
 
 
 class GeometryMonitor(pl.Callback):
-    def __init__(self, on_event: MetricsHook | None = None, language_model: bool = False):
-        self.on_event = on_event
-        self.language_model = language_model
+    def __init__(self):
         self.last_event_step = -1
 
     # -- setup ------------------------------------------------------------------------------
@@ -88,7 +82,7 @@ class GeometryMonitor(pl.Callback):
 
     @torch.no_grad()
     def emit(self, trainer: pl.Trainer, extra: dict[str, float] | None = None) -> dict[str, float]:
-        """Compute every geometry metric now (once per step) and send it, with `extra`, to the loggers and hook."""
+        """Compute every geometry metric now (once per step) and send it, with `extra`, to the loggers."""
         step = trainer.global_step
         if step == self.last_event_step:
             if extra:
@@ -96,15 +90,8 @@ class GeometryMonitor(pl.Callback):
             return dict(extra or {})
         self.last_event_step = step
         values = self.geometry()
-        if self.language_model:
-            val_loss = trainer.callback_metrics.get("val/loss")
-            if val_loss is not None:
-                values["val/ppl"] = math.exp(min(float(val_loss), 50.0))
         values.update(extra or {})
         self._log(trainer, values)
-        if self.on_event is not None:
-            seen = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-            self.on_event(trainer.current_epoch + 1, step, {**seen, **values})
         return values
 
     def geometry(self) -> dict[str, float]:

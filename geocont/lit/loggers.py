@@ -1,4 +1,4 @@
-"""A Lightning logger that feeds the results store (the source of truth), and the wandb factory."""
+"""A Lightning logger that feeds the results store (the source of truth), and the helper that logs to all."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from pytorch_lightning.loggers import Logger
 from pytorch_lightning.utilities import rank_zero_only
 
 from geocont import store
-from geocont.config import RunConfig
 
 
 class StoreLogger(Logger):
@@ -29,6 +28,7 @@ class StoreLogger(Logger):
         self.folder = folder
         self.run_id = run_id
         self.rows: list[dict[str, Any]] = []
+        self.latest: dict[str, float] = {}  # last logged value of every metric
         self.flush_interval_s = flush_interval_s
         self._last_flush = -math.inf
 
@@ -53,13 +53,11 @@ class StoreLogger(Logger):
                 self.rows.append(
                     {"run_id": self.run_id, "epoch": epoch, "step": int(step or 0), "name": name, "value": float(value)}
                 )
+                self.latest[name] = float(value)
 
     def final_values(self) -> dict[str, float]:
         """Last logged value of every metric."""
-        final: dict[str, float] = {}
-        for row in self.rows:
-            final[row["name"]] = row["value"]
-        return final
+        return dict(self.latest)
 
     def flush(self) -> None:
         now = time.monotonic()
@@ -80,37 +78,3 @@ def log_to_loggers(trainer, values: dict[str, float], flush: bool = False) -> No
         logger.log_metrics(metrics, step=trainer.global_step)
         if flush and isinstance(logger, StoreLogger):
             logger.flush()
-
-
-def wandb_logger(cfg: RunConfig, folder: Path, run_name: str | None, group: str | None, run_id: str):
-    """Lightning's WandbLogger with the mode passed explicitly and the run's own id.
-
-    `WandbLogger(offline=True)` would set WANDB_MODE in os.environ, which leaks into later runs in the
-    same process (Ray reuses actors) and overrides `disabled`; passing `mode` keeps it per run.
-    `id` + `resume="allow"`: a retried or resumed trial continues its wandb run instead of adding a
-    second one (wandb ids are unique per project, so the id is `<sweep>-<run_id>`, the store's key).
-    """
-    from pytorch_lightning.loggers import WandbLogger
-
-    wb = cfg.tracking.wandb
-    folder.mkdir(parents=True, exist_ok=True)
-    return WandbLogger(
-        project=wb.project,
-        entity=wb.entity,
-        name=run_name or cfg.run_id(),
-        id=run_id,
-        resume="allow",
-        group=group,
-        save_dir=str(folder),
-        mode=wb.mode,
-        config=cfg.to_dict(),
-        log_model=False,
-        reinit="finish_previous",
-        settings=_quiet_settings(),
-    )
-
-
-def _quiet_settings():
-    import wandb
-
-    return wandb.Settings(silent=True, console="off", x_disable_stats=True)

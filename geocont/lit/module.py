@@ -139,11 +139,12 @@ class GeoModule(pl.LightningModule):
             self.diverged, self.diverged_at = True, step
         self.trainer.should_stop = True
 
-    def validation_step(self, batch, batch_idx: int) -> None:
+    def validation_step(self, batch, batch_idx: int) -> Tensor:
         loss, output = self.loss(batch)
         self.log("val/loss", loss, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
         for name, value in self.stats(output, batch).items():
             self.log(name, value, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
+        return loss
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int) -> tuple[Tensor, ...]:
         # Batches are always (x, y) tensors: skip Lightning's generic walk over arbitrary collections.
@@ -169,3 +170,20 @@ class LanguageModel(GeoModule):
         x, y = batch  # (B, T) tokens and next tokens
         logits = self.model(x)  # (B, T, V)
         return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten()), logits
+
+    # val/ppl = exp(val/loss), from the validation run's own batch-weighted mean: Lightning's epoch
+    # value of val/loss is aggregated only after these hooks, and the sum stays on the device.
+    def on_validation_epoch_start(self) -> None:
+        self.val_loss_sum = torch.zeros((), device=self.device)
+        self.val_count = 0
+
+    def validation_step(self, batch, batch_idx: int) -> Tensor:
+        loss = super().validation_step(batch, batch_idx)
+        self.val_loss_sum += loss.detach().float() * len(batch[0])
+        self.val_count += len(batch[0])
+        return loss
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_count and not self.trainer.sanity_checking:
+            mean = float(self.val_loss_sum) / self.val_count
+            log_to_loggers(self.trainer, {"val/ppl": math.exp(min(mean, 50.0))})  # capped: exp overflows

@@ -299,10 +299,11 @@ def _driver_alive(pid: int, folder: Path, psutil: Any) -> bool:
 
 def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, gpu: float, cwd: str) -> None:
     """One trial: train(cfg) with live metrics to Tune; raises on `failed` so FailureConfig retries it."""
-    from geocont.config import RunConfig
+    from geocont.config import RunConfig, deep_merge
 
     spec = config["trial"]
-    cfg = RunConfig.model_validate(spec["config"])
+    # one wandb group per sweep (tracking is not part of the run_id: the run stays the same run)
+    cfg = RunConfig.model_validate(deep_merge(spec["config"], {"tracking": {"wandb": {"group": sweep}}}))
     accelerator = trial_accelerator(gpu, cfg.train.accelerator)  # first: hides the GPUs before torch looks
 
     import torch
@@ -341,7 +342,6 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, g
             sweep,
             on_metrics=on_metrics,
             run_name=spec["name"],
-            wandb_group=sweep,
             info=info,
             progress=False,
             accelerator=accelerator,
