@@ -132,6 +132,72 @@ def test_quantization_drift(spike, tmp_path):
     assert 0 < drift["Q8_0"] < max(drift["Q4_0"], drift["Q4_1"])  # the measurement can tell them apart
 
 
+def quantizable() -> list[str]:
+    """Types the gguf package can both quantize (to build a file) and dequantize (to read it)."""
+    import gguf
+    import numpy as np
+
+    from geocont.analyze.gguf_file import dequantizable
+
+    names = []
+    for name in dequantizable():
+        try:
+            gguf.quants.quantize(np.zeros((1, 256), dtype=np.float32), gguf.GGMLQuantizationType[name])
+        except NotImplementedError:
+            continue
+        names.append(name)
+    return names
+
+
+@pytest.fixture(scope="module")
+def planted_256(tmp_path_factory) -> Path:
+    """Rows of 256 and 512: every block size (32 ... 256) divides them."""
+    from analyze_fixtures import write_planted
+
+    return write_planted(tmp_path_factory.mktemp("p256") / "st", layers=3, hidden=256, inter=512)
+
+
+@pytest.mark.parametrize("qtype", quantizable())
+def test_every_quantizable_type_is_read(qtype, planted_256, tmp_path):
+    """Each type the package writes is read back and keeps the planted pattern (ternary TQ*_0 included)."""
+    from analyze_fixtures import SHARED_INPUT, SHARED_OUTPUT
+
+    config = json.loads((planted_256 / "config.json").read_text())
+    path = write_gguf(tmp_path / "m.gguf", "llama", config, load_file(planted_256 / "model.safetensors"), qtype=qtype)
+    result = analyze(path)
+    for role, summary in result.roles.items():
+        assert summary.dtype == qtype and summary.defined == summary.pairs == 2
+        kept = summary.v1 if role in SHARED_INPUT else summary.u1 if role in SHARED_OUTPUT else None
+        assert kept is None or kept > 0.9, (role, summary)
+        assert summary.v1 < 0.3 if role in SHARED_OUTPUT + ("v",) else summary.u1 < 0.3, (role, summary)
+
+
+@pytest.mark.parametrize("qtype", ["Q2_K", "Q4_K", "Q6_K", "IQ4_XS", "IQ2_XXS"])
+def test_row_blocks_of_types_without_a_quantizer(qtype, tmp_path):
+    """K- and I-quants (which the package cannot write): rows [lo, hi) read on their own equal those rows of the
+    whole tensor dequantized, the read behind fused projections (Phi-3's attn_qkv)."""
+    import gguf
+    import numpy as np
+
+    from geocont.analyze.gguf_file import read_rows
+
+    quant = gguf.GGMLQuantizationType[qtype]
+    block, size = gguf.GGML_QUANT_SIZES[quant]
+    raw = np.random.default_rng(0).integers(0, 256, size=(12, 2 * size), dtype=np.uint8)  # 12 rows of 2 blocks
+    writer = gguf.GGUFWriter(tmp_path / "m.gguf", "llama")
+    writer.add_tensor("blk.0.attn_qkv.weight", raw, raw_dtype=quant)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    info = open_checkpoint(str(tmp_path / "m.gguf")).tensors["blk.0.attn_qkv.weight"]
+    assert (info.shape, info.dtype) == ((12, 2 * block), qtype)
+    with np.errstate(all="ignore"):  # random scale bytes decode to some inf / NaN: the same ones both ways
+        whole = gguf.quants.dequantize(raw, quant)
+        np.testing.assert_array_equal(read_rows(info, None), whole)
+        np.testing.assert_array_equal(read_rows(info, (4, 9)), whole[4:9])
+
+
 def test_output_names_the_stored_types(tmp_path, capsys):
     path = planted_gguf(tmp_path / "m.gguf", qtype="Q4_1")
     analyze_command(str(path), format="json", roles="q,down")
