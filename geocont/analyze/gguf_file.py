@@ -127,11 +127,11 @@ def _model_files(spec: str, path: Path) -> list[Path]:
         return [path]
     count = int(m["count"])
     parts = [path.with_name(f"{m['stem']}-{i:05d}-of-{m['count']}.gguf") for i in range(1, count + 1)]
-    missing = [p for p in parts if not p.is_file()]
+    missing = [
+        f"{p}: part {i:05d} of this {count}-part GGUF set is missing" for i, p in enumerate(parts, 1) if not p.is_file()
+    ]
     if missing:
-        raise ConfigError(
-            capped([f"{p}: part {p.name[-19:-14]} of this {count}-part GGUF set is missing" for p in missing])
-        )
+        raise ConfigError(capped(missing))
     return parts
 
 
