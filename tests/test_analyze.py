@@ -21,6 +21,7 @@ from analyze_fixtures import (
     SHARED_OUTPUT,
     TRANSFORMERS_MODELS,
     assert_one_line_error,
+    planted_gguf,
     reference_roles,
     shard_by_layer,
     tiny_transformers_checkpoint,
@@ -153,8 +154,13 @@ def test_roles_filter_keeps_the_asked_roles(planted):
     assert list(analyze(planted, roles=["down", "q"]).roles) == ["q", "down"]
 
 
-def test_streaming_keeps_few_matrices_alive(planted, monkeypatch):
-    """Peak memory is a few matrices: the one being decomposed, the one read ahead, the one being read."""
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_streaming_keeps_few_matrices_alive(fmt, planted, monkeypatch, tmp_path):
+    """Peak memory is a few matrices: the one being decomposed, the one read ahead, the one being read (GGUF: each
+    dequantized from a buffer of its own)."""
+    if fmt == "gguf":
+        pytest.importorskip("gguf")
+        planted = planted_gguf(tmp_path / "m.gguf", qtype="Q8_0")
     alive: list[weakref.ref] = []
     most = 0
     real = engine_module.read_matrix
