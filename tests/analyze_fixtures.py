@@ -7,8 +7,11 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
+
+from geocont.config import ConfigError
 
 TINY = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, vocab_size=64)
 TINY_VISION = dict(
@@ -132,12 +135,15 @@ def planted_matrix(shape: tuple[int, int], u: torch.Tensor, v: torch.Tensor, spi
     return noise + spike * torch.outer(u, v)
 
 
-def write_planted(folder: Path, layers: int = 4, hidden: int = 96, inter: int = 160, seed: int = 0) -> Path:
+def write_planted(
+    folder: Path, layers: int = 4, hidden: int = 96, inter: int = 160, seed: int = 0, spike: float = 6.0
+) -> Path:
     """A Llama-named checkpoint with a known answer.
 
     q, k, gate, up: every layer has the same leading right singular vector (v1 continuity ~1), its u1 random.
     o, down: the same leading left singular vector (u1 continuity ~1), v1 random. v: a spike with a random
-    direction per layer on both sides (both near chance). Spikes of 6 over a noise edge of ~2 give s1/s2 ~ 3.
+    direction per layer on both sides (both near chance). Spikes of 6 over a noise edge of ~2 give s1/s2 ~ 3;
+    smaller spikes give smaller gaps (3: s1/s2 ~ 1.6), where rounding the weights moves v1 further.
     """
     gen = torch.Generator().manual_seed(seed)
     folder.mkdir(parents=True, exist_ok=True)
@@ -156,7 +162,7 @@ def write_planted(folder: Path, layers: int = 4, hidden: int = 96, inter: int = 
                 v = shared[role][1]
             elif role in SHARED_OUTPUT:
                 u = shared[role][0]
-            W = planted_matrix(shape, u, v, spike=6.0, gen=gen)
+            W = planted_matrix(shape, u, v, spike=spike, gen=gen)
             tensors[f"model.layers.{layer}.{LLAMA_NAMES[role]}.weight"] = W.to(torch.bfloat16)
     tensors["model.embed_tokens.weight"] = torch.randn(64, hidden, generator=gen).to(torch.bfloat16)
     save_file(tensors, folder / "model.safetensors")
@@ -180,3 +186,95 @@ def shard_by_layer(folder: Path) -> None:
         save_file(group, folder / shard)
         weight_map |= {name: shard for name in group}
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF: HF-named tensors converted as llama.cpp's convert_hf_to_gguf.py converts them
+
+GGUF_ARCH = {  # transformers model_type -> GGUF general.architecture
+    "llama": "llama",
+    "mistral": "llama",  # llama.cpp converts Mistral to llama (rows of q and k permuted as well)
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+    "phi3": "phi3",
+    "bert": "bert",
+}
+ROTARY_PERMUTED = ("llama",)  # LlamaModel.modify_tensors permutes attn_q / attn_k; the others keep HF's order
+
+
+def permute_rotary(W: torch.Tensor, heads: int) -> torch.Tensor:
+    """convert_hf_to_gguf's LlamaModel.permute: within each head, the rows of the two rotary halves interleave."""
+    return W.reshape(heads, 2, W.shape[0] // heads // 2, *W.shape[1:]).swapaxes(1, 2).reshape(W.shape)
+
+
+def write_gguf(
+    path: Path,
+    arch: str,
+    config: dict,
+    tensors: dict[str, torch.Tensor],
+    qtype: str = "F32",
+    split_max_tensors: int = 0,
+    skip_metadata: tuple[str, ...] = (),
+) -> Path:
+    """A GGUF file (or split set) of HF-named float tensors: llama.cpp's names (gguf's TensorNameMap), q/k rows
+    permuted for llama, the per-layer matrices stored as `qtype` (quantized by the gguf package), the rest F32."""
+    import gguf
+
+    L, H = config["num_hidden_layers"], config["num_attention_heads"]
+    Hkv = config.get("num_key_value_heads") or H
+    name_map = gguf.get_tensor_name_map(next(k for k, v in gguf.MODEL_ARCH_NAMES.items() if v == arch), L)
+    writer = gguf.GGUFWriter(path, arch, split_max_tensors=split_max_tensors)
+    metadata = {
+        "block_count": (writer.add_block_count, L),
+        "embedding_length": (writer.add_embedding_length, config["hidden_size"]),
+        "feed_forward_length": (writer.add_feed_forward_length, config["intermediate_size"]),
+        "head_count": (writer.add_head_count, H),
+        "head_count_kv": (writer.add_head_count_kv, Hkv),
+        "key_length": (writer.add_key_length, config.get("head_dim")),
+    }
+    for key, (add, value) in metadata.items():
+        if key not in skip_metadata and value is not None:
+            add(value)
+    quant = gguf.GGMLQuantizationType[qtype]
+    for hf_name, tensor in tensors.items():
+        base, _, suffix = hf_name.rpartition(".")
+        name = name_map.get_name(base)
+        if name is None:
+            continue
+        W = tensor.detach().float()
+        if arch in ROTARY_PERMUTED and name.endswith((".attn_q", ".attn_k")):
+            W = permute_rotary(W, H if name.endswith(".attn_q") else Hkv)
+        data = W.numpy()
+        if W.dim() == 2 and name.startswith("blk.") and quant != gguf.GGMLQuantizationType.F32:
+            writer.add_tensor(f"{name}.{suffix}", gguf.quants.quantize(data, quant), raw_dtype=quant)
+        else:
+            writer.add_tensor(f"{name}.{suffix}", data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def planted_gguf(path: Path, qtype: str = "F32", spike: float = 6.0, **kwargs) -> Path:
+    """write_planted's checkpoint (Llama names, known answer) as a GGUF file, written beside a safetensors copy."""
+    from safetensors.torch import load_file
+
+    folder = write_planted(path.parent / f"{path.stem}-safetensors", spike=spike)
+    config = json.loads((folder / "config.json").read_text())
+    return write_gguf(path, "llama", config, load_file(folder / "model.safetensors"), qtype=qtype, **kwargs)
+
+
+def assert_one_line_error(spec: Path, message: str) -> None:
+    """`geocont analyze SPEC --out ... --format json` fails with one-line problems naming `message`, writing nothing."""
+    from geocont.analyze import analyze_command
+
+    out = spec.parent / "out.parquet"
+    with pytest.raises(ConfigError) as err:
+        analyze_command(str(spec), out=out, format="json")
+    assert message in str(err.value)
+    assert all("\n" not in line for line in err.value.problems) and len(err.value.problems) <= 11
+    assert not out.exists()

@@ -20,6 +20,8 @@ from analyze_fixtures import (
     SHARED_INPUT,
     SHARED_OUTPUT,
     TRANSFORMERS_MODELS,
+    assert_one_line_error,
+    planted_gguf,
     reference_roles,
     shard_by_layer,
     tiny_transformers_checkpoint,
@@ -152,8 +154,13 @@ def test_roles_filter_keeps_the_asked_roles(planted):
     assert list(analyze(planted, roles=["down", "q"]).roles) == ["q", "down"]
 
 
-def test_streaming_keeps_few_matrices_alive(planted, monkeypatch):
-    """Peak memory is a few matrices: the one being decomposed, the one read ahead, the one being read."""
+@pytest.mark.parametrize("fmt", ["safetensors", "gguf"])
+def test_streaming_keeps_few_matrices_alive(fmt, planted, monkeypatch, tmp_path):
+    """Peak memory is a few matrices: the one being decomposed, the one read ahead, the one being read (GGUF: each
+    dequantized from a buffer of its own)."""
+    if fmt == "gguf":
+        pytest.importorskip("gguf")
+        planted = planted_gguf(tmp_path / "m.gguf", qtype="Q8_0")
     alive: list[weakref.ref] = []
     most = 0
     real = engine_module.read_matrix
@@ -425,7 +432,7 @@ BREAKAGES = {
         lambda f: (f / "config.json").write_text(json.dumps({"model_type": "rwkv"})),
         "model_type 'rwkv' is not supported (supported: bert, gemma",
     ),
-    "no-safetensors": (lambda f: (f / "model.safetensors").unlink(), "no .safetensors files in this folder"),
+    "no-safetensors": (lambda f: (f / "model.safetensors").unlink(), "no .safetensors or .gguf files in this folder"),
     "many-problems": (
         lambda f: edit_tensors(f, lambda t: t.update({k: v.to(torch.int8) for k, v in t.items() if ".layers." in k})),
         "... and 11 more problems like these",
@@ -439,12 +446,7 @@ def test_bad_checkpoints_fail_with_one_line_errors(breakage, small, tmp_path):
     shutil.copytree(small, folder)
     breaker, message = BREAKAGES[breakage]
     breaker(folder)
-    out = tmp_path / "out.parquet"
-    with pytest.raises(ConfigError) as err:
-        analyze_command(str(folder), out=out, format="json")
-    assert message in str(err.value)
-    assert all("\n" not in line for line in err.value.problems) and len(err.value.problems) <= 11
-    assert not out.exists()
+    assert_one_line_error(folder, message)
 
 
 def test_roles_outside_the_selection_are_not_validated(small, tmp_path):
@@ -474,3 +476,48 @@ def test_bad_arguments_fail_with_one_line_errors(kwargs, message, small):
     with pytest.raises(ConfigError) as err:
         analyze_command(**args)
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("method", ["exact", "krylov"])
+@pytest.mark.parametrize("kind", ["zero", "rank-one"])
+def test_degenerate_matrices_are_undefined(kind, method, small, tmp_path, capsys):
+    """Zero v matrices used to read as v1 = 1, u1 = 0 with every pair counted as defined (eigh returns the same
+    basis vectors for every zero layer, and s1/s2 = 0/0 passed as an infinite gap). DESIGN.md: degenerate matrices
+    (zero, rank < 2) count as undefined, never as v1 = 1."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(small, folder)
+    gen = torch.Generator().manual_seed(0)
+    u, v = torch.randn(32, generator=gen), torch.randn(32, generator=gen)  # shared by every layer
+
+    def degenerate(tensors):
+        for layer in range(3):
+            name = f"model.layers.{layer}.self_attn.v_proj.weight"
+            W = torch.zeros(32, 32) if kind == "zero" else torch.outer(u, v)
+            tensors[name] = W.to(torch.bfloat16)
+
+    edit_tensors(folder, degenerate)
+    result = analyze(folder, method=method)
+    summary = result.roles["v"]
+    assert (summary.v1, summary.u1, summary.defined, summary.pairs) == (None, None, 0, 2)
+    assert {row["status"] for row in result.layers if row["role"] == "v"} == {"degenerate"}
+    assert result.roles["q"].defined == 2  # the healthy roles are untouched
+    analyze_command(str(folder), format="json", roles="v")
+    table = json.loads(capsys.readouterr().out)
+    assert table["v"]["v1"] is None and table["v"]["u1"] is None and table["v"]["flagged"] == 2
+
+
+def test_out_is_checked_before_any_work(tmp_path):
+    """An --out that cannot be written fails at once, before the checkpoint is even opened (here a broken one)."""
+    broken = tmp_path / "broken.safetensors"
+    broken.write_bytes(b"not a checkpoint")
+    folder = tmp_path / "pairs.parquet"
+    folder.mkdir()
+    cases = {
+        folder: f"--out: {folder} is a folder; give a file name ending in .parquet",
+        Path("/proc/geocont-pairs.parquet"): "--out: cannot write in folder /proc (",
+    }
+    for out, message in cases.items():
+        with pytest.raises(ConfigError) as err:
+            analyze_command(str(broken), out=out)
+        assert len(err.value.problems) == 1 and err.value.problems[0].startswith(message)
+    assert list(folder.iterdir()) == []

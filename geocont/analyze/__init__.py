@@ -19,7 +19,11 @@ FORMATS = ("md", "csv", "json")
 
 def analyze_command(
     checkpoint: Annotated[
-        str, typer.Argument(help="Model folder (config.json + safetensors), a .safetensors file, or a hub id.")
+        str,
+        typer.Argument(
+            help="Model folder (config.json + safetensors), a .safetensors or .gguf file (or a folder holding one), "
+            "or a hub id."
+        ),
     ],
     out: Annotated[
         Path | None,
@@ -44,10 +48,8 @@ def analyze_command(
     problems = []
     if format not in FORMATS:
         problems.append(f"--format: {format!r} is not one of {', '.join(FORMATS)}")
-    if out is not None and out.suffix != ".parquet":
-        problems.append(f"--out: {out} must be a .parquet file")
-    elif out is not None and not out.parent.is_dir():
-        problems.append(f"--out: folder {out.parent} does not exist")
+    if out is not None:
+        problems += _out_problems(out)
     if problems:
         raise ConfigError(problems)
 
@@ -61,6 +63,25 @@ def analyze_command(
     if out is not None:
         write_pairs(result, out)
     typer.echo(render(result, format))
+
+
+def _out_problems(out: Path) -> list[str]:
+    """--out is checked before any work, by the same kind of write the result will need (a new file beside it, then
+    a rename): an hour of analysis must not end in 'permission denied'."""
+    import tempfile
+
+    if out.suffix != ".parquet":
+        return [f"--out: {out} must be a .parquet file"]
+    if out.is_dir():
+        return [f"--out: {out} is a folder; give a file name ending in .parquet"]
+    if not out.parent.is_dir():
+        return [f"--out: folder {out.parent} does not exist"]
+    try:
+        with tempfile.NamedTemporaryFile(dir=out.parent, prefix=f".{out.name}.", suffix=".probe"):
+            pass
+    except OSError as err:
+        return [f"--out: cannot write in folder {out.parent} ({err.strerror or type(err).__name__})"]
+    return []
 
 
 class _Progress:

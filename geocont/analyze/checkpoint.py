@@ -1,8 +1,9 @@
-"""Locate a checkpoint's safetensors files, validate them from their headers, and read one matrix at a time.
+"""Locate a checkpoint's files, validate them from their headers, and read one matrix at a time.
 
 A checkpoint is a Hugging Face model folder (config.json + model.safetensors, or shards listed in
-model.safetensors.index.json), a single .safetensors file (config.json beside it is used when present), or a hub id
-(downloaded with huggingface_hub; only config.json and the safetensors files).
+model.safetensors.index.json), a single .safetensors file (config.json beside it is used when present), a hub id
+(downloaded with huggingface_hub; only config.json and the safetensors files), or a GGUF file, split set or folder
+holding one (gguf_file.py: llama.cpp's format, read and dequantized with the gguf package).
 
 Validation reads headers only (safe_open parses the header and checks that the data section covers the file), so
 a truncated file, a shard missing from the folder or a tensor missing from its shard fails before any work starts.
@@ -13,6 +14,7 @@ the file's pages stay resident (and count in RSS) only while that one tensor is 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,16 +32,26 @@ _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 @dataclass(frozen=True)
 class TensorInfo:
     file: Path
-    shape: tuple[int, ...]
-    dtype: str  # safetensors spelling: BF16, F16, F32, ...
+    shape: tuple[int, ...]  # PyTorch orientation: (out, in) for a matrix
+    dtype: str  # safetensors spelling (BF16, F16, F32, ...) or a GGUF type name (Q4_1, Q8_0, Q6_K, F16, ...)
+    offset: int | None = None  # GGUF only: byte offset of the data in `file` (safetensors reads by name)
+    nbytes: int | None = None  # GGUF only: bytes of the stored (possibly quantized) data
+
+    @property
+    def row_bytes(self) -> int:
+        """Stored bytes of one row (GGUF quantizes along rows, so a block of rows is a byte range)."""
+        if self.nbytes is not None:
+            return self.nbytes // self.shape[0]
+        return math.prod(self.shape[1:]) * ITEMSIZE[self.dtype]
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     source: str  # what the user typed
     root: Path  # folder holding the files
-    config: dict | None  # config.json, when there is one
+    config: dict | None  # config.json, when there is one (GGUF: built from the file's metadata)
     tensors: dict[str, TensorInfo]
+    format: str = "safetensors"  # or "gguf"
 
 
 def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None] | None = None) -> Checkpoint:
@@ -49,12 +61,16 @@ def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None]
     """
     path = Path(spec).expanduser()
     if not path.exists():
-        if spec.startswith((".", "/", "~")) or not _HUB_ID.fullmatch(spec):
+        if spec.startswith((".", "/", "~")) or spec.endswith((".gguf", ".safetensors")) or not _HUB_ID.fullmatch(spec):
             raise ConfigError([f"{spec}: no such file or folder"])
         path = _download(spec, check_config)
+    if path.suffix == ".gguf" or (path.is_dir() and _gguf_only(path)):
+        from geocont.analyze.gguf_file import open_gguf
+
+        return open_gguf(spec, path)
     if path.is_file():
         if path.suffix != ".safetensors":
-            raise ConfigError([f"{spec}: a file must be a .safetensors file (or pass the model folder)"])
+            raise ConfigError([f"{spec}: a file must be a .safetensors or .gguf file (or pass the model folder)"])
         root, files = path.parent, [path]
     else:
         root, files = path, _folder_files(spec, path)
@@ -70,6 +86,11 @@ def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None]
         raise ConfigError(capped(problems))
     _check_index(root, tensors)
     return Checkpoint(source=spec, root=root, config=config, tensors=tensors)
+
+
+def _gguf_only(folder: Path) -> bool:
+    """A folder of GGUF files and no safetensors (a Hugging Face folder with both is read as safetensors)."""
+    return any(folder.glob("*.gguf")) and not any(folder.glob("*.safetensors")) and not (folder / INDEX).exists()
 
 
 def capped(problems: list[str], most: int = 10) -> list[str]:
@@ -109,7 +130,7 @@ def _folder_files(spec: str, folder: Path) -> list[Path]:
         return [folder / s for s in shards]
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ConfigError([f"{spec}: no .safetensors files in this folder (and no {INDEX})"])
+        raise ConfigError([f"{spec}: no .safetensors or .gguf files in this folder (and no {INDEX})"])
     return files
 
 
@@ -160,17 +181,32 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
         raise ConfigError([f"{file}: not a readable safetensors file (truncated or corrupt?): {err}"]) from None
 
 
+def dtype_problem(info: TensorInfo) -> str | None:
+    """Why a matrix of this stored type cannot be read (None: it can), naming the types that can."""
+    if info.offset is not None:
+        from geocont.analyze.gguf_file import dequantize_problem
+
+        return dequantize_problem(info.dtype)
+    return None if info.dtype in ITEMSIZE else f"dtype {info.dtype} is not supported (float: {', '.join(ITEMSIZE)})"
+
+
 def read_matrix(info: TensorInfo, name: str, rows: tuple[int, int] | None, dtype):
     """One 2-D tensor (or a block of its rows, for fused projections) as an owned tensor of `dtype`.
 
-    The mmap-backed tensor from safetensors is dropped on return, so only the upcast copy stays resident.
+    The mmap-backed tensor from safetensors is dropped on return, so only the upcast copy stays resident; GGUF data
+    is read into a buffer of its own and dequantized (gguf_file.read_rows).
     """
     import torch
 
-    with safe_open(info.file, framework="pt") as f:
-        raw = f.get_slice(name)[rows[0] : rows[1]] if rows else f.get_tensor(name)
-        W = raw.to(dtype, copy=True)
-    del raw
+    if info.offset is not None:
+        from geocont.analyze.gguf_file import read_rows
+
+        W = torch.from_numpy(read_rows(info, rows)).to(dtype)
+    else:
+        with safe_open(info.file, framework="pt") as f:
+            raw = f.get_slice(name)[rows[0] : rows[1]] if rows else f.get_tensor(name)
+            W = raw.to(dtype, copy=True)
+        del raw
     if not torch.isfinite(W.sum()):  # one cheap pass; any NaN or inf makes the sum non-finite
         raise ConfigError([f"{info.file}: tensor {name} holds NaN or inf values (corrupt data?)"])
     return W

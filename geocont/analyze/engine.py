@@ -7,6 +7,9 @@ Per role and adjacent layers (l, l+1), in both spaces (input: right singular vec
 - gap: min over the two layers of s1/s2. v1 and u1 are defined only when s1/s2 >= GAP_THRESHOLD = 1.05 in both
   layers: below it the leading direction is nearly degenerate with the second (random matrices sit at ~1.003) and
   any comparison is noise. Such pairs are flagged (defined = False) and left out of the role's v1/u1 mean.
+- degenerate matrices (zero, or numerical rank < 2: s2 <= RANK_RTOL * s1) are flagged too, as DESIGN.md fixes:
+  a zero matrix's "singular vectors" are whatever basis eigh returns, the same in every layer, which would read as
+  v1 continuity 1; and s1/s2 is infinite there, so the gap test alone would let them through.
 
 Method, chosen per matrix: exact (eigh of the Gram matrix, metrics/spectral.svd_top) when the smaller side is at
 most EXACT_MAX_DIM, else randomized block Krylov (metrics/lowrank.block_krylov_top), which stops once v1 and u1
@@ -33,6 +36,10 @@ from geocont.metrics.lowrank import block_krylov_top
 from geocont.metrics.spectral import Spectrum, adjacent_abs_cos, sigma2_alignment, svd_top
 
 GAP_THRESHOLD = 1.05
+# s2 / s1 at or below this: rank < 2 at the precision weights are stored in. Rounding a rank-one matrix to bf16
+# leaves s2 ~ 2e-3 s1; trained projections sit at s2 / s1 ~ 0.1-0.99. (4-bit rounding leaves s2 ~ 0.03-0.05 s1:
+# a rank-one Q4 matrix reads as a very large gap, not as degenerate.)
+RANK_RTOL = 1e-2
 K_SIGMA = 8
 EXACT_MAX_DIM = 512  # measured: at 512 x 2048 both routes cost ~0.03 s; at 1024 x 4096 block Krylov is ~3x cheaper
 METHODS = ("auto", "exact", "krylov")
@@ -45,7 +52,7 @@ class LayerResult:
     spectrum: Spectrum  # one-layer stack: s (1, k), U (1, m, k), V (1, n, k), fro2 (1,)
     gap: float  # s1 / s2
     method: str  # exact | krylov
-    status: str  # exact | converged | flagged | unconverged
+    status: str  # exact | converged | flagged | unconverged | degenerate
     steps: int
 
     @property
@@ -71,6 +78,7 @@ class RoleSummary:
     gap_median: float
     energy: float  # mean share of ||W||_F^2 in the top-K_SIGMA triplets
     methods: str  # e.g. "krylov" or "exact"
+    dtype: str  # stored type(s) of the weights: BF16, or GGUF's Q4_1, "Q4_K/Q6_K" when layers differ
 
     def as_json(self) -> dict:
         return {
@@ -85,6 +93,7 @@ class RoleSummary:
             "energy": self.energy,
             "layers": self.layers,
             "method": self.methods,
+            "dtype": self.dtype,
         }
 
 
@@ -135,6 +144,7 @@ def _run(work: Plan, checkpoint: str, dtype: torch.dtype, method: str, progress)
     )
     prev: dict[str, tuple[int, LayerResult]] = {}
     per_role: dict[str, list[LayerResult]] = {role: [] for role in work.roles}
+    stored = {role: sorted({s.info.dtype for s in slots}) for role, slots in work.roles.items()}
     pairs: list[dict] = []
     layer_rows: list[dict] = []
     for role, slot, W in _stream(queue, dtype):
@@ -148,7 +158,10 @@ def _run(work: Plan, checkpoint: str, dtype: torch.dtype, method: str, progress)
         if progress:
             progress(role, slot.layer, slot.nbytes)
     pairs.sort(key=lambda p: (rank[p["role"]], p["layer"], p["space"]))  # read in layer order, listed by role
-    summaries = {role: _summarise(role, per_role[role], [p for p in pairs if p["role"] == role]) for role in work.roles}
+    summaries = {
+        role: _summarise(role, per_role[role], [p for p in pairs if p["role"] == role], "/".join(stored[role]))
+        for role in work.roles
+    }
     return Analysis(checkpoint, work.architecture, summaries, pairs, layer_rows)
 
 
@@ -179,6 +192,8 @@ def decompose(W: torch.Tensor, method: str = "auto") -> LayerResult:
         spec, status, steps = top.spectrum, top.status, top.steps
     s = spec.s[0]
     gap = (s[0] / s[1]).item() if s.numel() > 1 and s[1] > 0 else math.inf
+    if s.numel() < 2 or s[1] <= RANK_RTOL * s[0]:  # also s1 == 0: the zero matrix
+        status = "degenerate"
     # own copies of the top-k columns: svd_top's are views into the full eigenvector matrix
     spec = Spectrum(*(t.contiguous().clone() for t in spec))
     return LayerResult(spec, gap, "exact" if exact else "krylov", status, steps)
@@ -214,6 +229,7 @@ def _layer_row(role: str, slot: Slot, r: LayerResult) -> dict:
         "role": role,
         "layer": slot.layer,
         "tensor": slot.name,
+        "dtype": slot.info.dtype,
         "rows": slot.shape[0],
         "cols": slot.shape[1],
         "s1": s[0].item(),
@@ -226,7 +242,7 @@ def _layer_row(role: str, slot: Slot, r: LayerResult) -> dict:
     }
 
 
-def _summarise(role: str, results: list[LayerResult], rows: list[dict]) -> RoleSummary:
+def _summarise(role: str, results: list[LayerResult], rows: list[dict], dtype: str) -> RoleSummary:
     def mean(values: list[float]) -> float | None:
         return sum(values) / len(values) if values else None
 
@@ -245,4 +261,5 @@ def _summarise(role: str, results: list[LayerResult], rows: list[dict]) -> RoleS
         gap_median=statistics.median(r.gap for r in results),
         energy=sum(r.energy for r in results) / len(results),
         methods="/".join(sorted({r.method for r in results})),
+        dtype=dtype,
     )

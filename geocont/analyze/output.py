@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+from geocont.analyze.checkpoint import ITEMSIZE
 from geocont.analyze.engine import GAP_THRESHOLD, K_SIGMA, Analysis
 
 PAIR_SCHEMA = {
@@ -43,11 +44,12 @@ def render(analysis: Analysis, fmt: str) -> str:
         pl.format("{}/{}", "defined", "pairs").alias("defined pairs"),
         pl.col("energy").alias(f"top-{K_SIGMA} energy"),
         "method",
+        pl.col("dtype").alias("stored"),
     )
     layers = max(s.layers for s in analysis.roles.values())
     return "\n".join(
         [
-            f"{analysis.checkpoint}: {analysis.architecture}, {layers} layers",
+            f"{analysis.checkpoint}: {analysis.architecture}, {layers} layers{_quantized(analysis)}",
             "",
             markdown(table),
             "",
@@ -57,6 +59,14 @@ def render(analysis: Analysis, fmt: str) -> str:
             f"'top-{K_SIGMA} energy' share of ||W||_F^2.",
         ]
     )
+
+
+def _quantized(analysis: Analysis) -> str:
+    """A note for the heading when any role's weights are stored quantized (GGUF), naming the types."""
+    types = sorted({t for s in analysis.roles.values() for t in s.dtype.split("/")} - set(ITEMSIZE))
+    if not types:
+        return ""
+    return f"; weights stored quantized ({', '.join(types)}: see 'stored'), analysed dequantized to float"
 
 
 def write_pairs(analysis: Analysis, path: Path) -> None:

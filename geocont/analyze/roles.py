@@ -5,6 +5,9 @@ names: query -> q, key -> k, value -> v, attention output -> o, intermediate (th
 activation) -> up, output -> down. Phi-3 stores q, k, v stacked along the rows of one qkv_proj, and gate, up in
 one gate_up_proj (gate first, as Phi3MLP's chunk(2) reads it); they are split by rows using config.json.
 
+GGUF files (llama.cpp's names, blk.N.attn_q.weight ...) have their own layouts, looked up by the metadata's
+general.architecture: Mistral converts to llama; Phi-3 keeps q, k, v fused in attn_qkv and gate, up in ffn_up.
+
 Any other layout: `--map ROLE=REGEX` (repeatable), a regex that fully matches the tensor names of that role with
 one group capturing the layer index, e.g. `--map 'q=transformer\\.h\\.(\\d+)\\.attn\\.q\\.weight'`. Matrices are read
 in PyTorch's (out x in) orientation: v1 lives in the input space, u1 in the output space.
@@ -15,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from geocont.analyze.checkpoint import ITEMSIZE, Checkpoint, TensorInfo, capped
+from geocont.analyze.checkpoint import Checkpoint, TensorInfo, capped, dtype_problem
 from geocont.config import ROLES, ConfigError
 
 
@@ -75,6 +78,38 @@ ARCHITECTURES: dict[str, Layout] = {
 }
 SUPPORTED = ", ".join(sorted(ARCHITECTURES))
 
+# llama.cpp's tensor names (gguf.constants.TENSOR_NAMES), keyed by general.architecture
+_BLOCK = r"blk\.(\d+)\."
+GGUF_DECODER = Layout(
+    _BLOCK,
+    {
+        "q": "attn_q.weight",
+        "k": "attn_k.weight",
+        "v": "attn_v.weight",
+        "o": "attn_output.weight",
+        "gate": "ffn_gate.weight",
+        "up": "ffn_up.weight",
+        "down": "ffn_down.weight",
+    },
+)
+GGUF_PHI3 = Layout(
+    _BLOCK,
+    {"o": "attn_output.weight", "down": "ffn_down.weight"},
+    fused={"attn_qkv.weight": ("q", "k", "v"), "ffn_up.weight": ("gate", "up")},
+)
+GGUF_BERT = Layout(_BLOCK, {r: n for r, n in GGUF_DECODER.roles.items() if r != "gate"})
+GGUF_ARCHITECTURES: dict[str, Layout] = {
+    "llama": GGUF_DECODER,  # also Mistral: llama.cpp converts it to llama
+    "qwen2": GGUF_DECODER,
+    "qwen3": GGUF_DECODER,
+    "gemma": GGUF_DECODER,
+    "gemma2": GGUF_DECODER,
+    "gemma3": GGUF_DECODER,
+    "phi3": GGUF_PHI3,
+    "bert": GGUF_BERT,
+}
+GGUF_SUPPORTED = ", ".join(sorted(GGUF_ARCHITECTURES))
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -88,7 +123,8 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return self.shape[0] * self.shape[1] * ITEMSIZE[self.info.dtype]
+        """Stored bytes read for this matrix (quantized GGUF data is smaller than the float32 it becomes)."""
+        return self.shape[0] * self.info.row_bytes
 
 
 @dataclass(frozen=True)
@@ -142,6 +178,8 @@ def check_supported(config: dict | None, path) -> None:
 
 
 def _architecture(ckpt: Checkpoint) -> tuple[str, Layout]:
+    if ckpt.format == "gguf":
+        return _gguf_architecture(ckpt)
     if ckpt.config is None:  # a bare .safetensors file: recognise the naming itself
         for name, layout in (("llama-style (guessed from names)", LLAMA), ("bert-style (guessed from names)", BERT)):
             if any(
@@ -151,6 +189,22 @@ def _architecture(ckpt: Checkpoint) -> tuple[str, Layout]:
         raise ConfigError([f"{ckpt.source}: no config.json and no known tensor naming ({HINT})"])
     check_supported(ckpt.config, ckpt.root / "config.json")
     return ckpt.config["model_type"], ARCHITECTURES[ckpt.config["model_type"]]
+
+
+def _gguf_architecture(ckpt: Checkpoint) -> tuple[str, Layout]:
+    from geocont.analyze.gguf_file import missing_metadata
+
+    arch, file = ckpt.config.get("model_type"), ckpt.config["gguf_file"]
+    if arch is None:
+        raise ConfigError([f"{file}: GGUF metadata general.architecture is missing (GGUF: {GGUF_SUPPORTED}; or --map)"])
+    if arch not in GGUF_ARCHITECTURES:
+        raise ConfigError(
+            [f"{file}: GGUF architecture {arch!r} is not supported (GGUF: {GGUF_SUPPORTED}; for anything else --map)"]
+        )
+    problems = missing_metadata(ckpt.config)
+    if problems:
+        raise ConfigError(problems)
+    return f"{arch} (GGUF)", GGUF_ARCHITECTURES[arch]
 
 
 def _parse_map(entries: list[str]) -> dict[str, re.Pattern]:
@@ -224,11 +278,15 @@ def _match_layout(ckpt: Checkpoint, layout: Layout, cfg: dict) -> dict[str, list
     if missing:
         raise ConfigError(
             [
-                f"{ckpt.source}: no tensor for role {r} (looked for names like layers.N.{_rest_of(layout, r)})"
+                f"{ckpt.source}: no tensor for role {r} (looked for names like {_example(layout)}{_rest_of(layout, r)})"
                 for r in missing
             ]
         )
     return found
+
+
+def _example(layout: Layout) -> str:
+    return "blk.N." if layout.prefix == _BLOCK else "layers.N."
 
 
 def _rest_of(layout: Layout, role: str) -> str:
@@ -247,7 +305,7 @@ def _fused_sizes(name: str, info: TensorInfo, parts: tuple[str, ...], cfg: dict)
         raise ConfigError(
             [
                 f"{info.file}: {name} has shape {list(info.shape)}, which does not split into {'/'.join(parts)} "
-                f"rows for config.json (sizes {sizes or 'unknown'})"
+                f"rows for {_origin(cfg)} (sizes {sizes or 'unknown'})"
             ]
         )
     return sizes
@@ -279,6 +337,10 @@ def _expected_shapes(cfg: dict) -> dict[str, tuple[int, int]]:
     return shapes
 
 
+def _origin(cfg: dict) -> str:
+    return "the GGUF metadata" if "gguf_file" in cfg else "config.json"
+
+
 def _check(found: dict[str, list[Slot]], cfg: dict, layers: int | None) -> list[str]:
     """One line per problem: dtypes, 2-D shapes equal across layers and as config.json implies, layers 0..L-1."""
     problems: list[str] = []
@@ -288,12 +350,12 @@ def _check(found: dict[str, list[Slot]], cfg: dict, layers: int | None) -> list[
         first = slots[0]
         for s in slots:
             where = f"{s.info.file}: {s.name} ({role}, layer {s.layer})"
-            if s.info.dtype not in ITEMSIZE:
-                problems.append(f"{where}: dtype {s.info.dtype} is not supported (float: {', '.join(ITEMSIZE)})")
+            if (problem := dtype_problem(s.info)) is not None:
+                problems.append(f"{where}: {problem}")
             if len(s.shape) != 2:
                 problems.append(f"{where}: expected a matrix, got shape {list(s.shape)}")
             elif role in expected and s.shape != expected[role]:
-                problems.append(f"{where}: shape {list(s.shape)} but config.json implies {list(expected[role])}")
+                problems.append(f"{where}: shape {list(s.shape)} but {_origin(cfg)} implies {list(expected[role])}")
             elif s.shape != first.shape:
                 problems.append(
                     f"{where}: shape {list(s.shape)} differs from layer {first.layer}'s {list(first.shape)}"
