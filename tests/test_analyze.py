@@ -482,8 +482,8 @@ def test_bad_arguments_fail_with_one_line_errors(kwargs, message, small):
 @pytest.mark.parametrize("kind", ["zero", "rank-one"])
 def test_degenerate_matrices_are_undefined(kind, method, small, tmp_path, capsys):
     """Zero v matrices used to read as v1 = 1, u1 = 0 with every pair counted as defined (eigh returns the same
-    basis vectors for every zero layer, and s1/s2 = 0/0 passed as an infinite gap). DESIGN.md: degenerate matrices
-    (zero, rank < 2) count as undefined, never as v1 = 1."""
+    basis vectors for every zero layer, and s1/s2 = 0/0 passed as an infinite gap). docs/contracts.md:
+    degenerate matrices (zero, rank < 2) count as undefined, never as v1 = 1."""
     folder = tmp_path / "ckpt"
     shutil.copytree(small, folder)
     gen = torch.Generator().manual_seed(0)

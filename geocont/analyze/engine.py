@@ -7,7 +7,7 @@ Per role and adjacent layers (l, l+1), in both spaces (input: right singular vec
 - gap: min over the two layers of s1/s2. v1 and u1 are defined only when s1/s2 >= GAP_THRESHOLD = 1.05 in both
   layers: below it the leading direction is nearly degenerate with the second (random matrices sit at ~1.003) and
   any comparison is noise. Such pairs are flagged (defined = False) and left out of the role's v1/u1 mean.
-- degenerate matrices (zero, or numerical rank < 2: s2 <= RANK_RTOL * s1) are flagged too, as DESIGN.md fixes:
+- degenerate matrices (zero, or numerical rank < 2: s2 <= RANK_RTOL * s1) are flagged too, as docs/contracts.md fixes:
   a zero matrix's "singular vectors" are whatever basis eigh returns, the same in every layer, which would read as
   v1 continuity 1; and s1/s2 is infinite there, so the gap test alone would let them through.
 
