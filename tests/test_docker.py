@@ -7,6 +7,7 @@ import fnmatch
 import json
 import re
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
 IMAGE_WORKDIR = "/home/ray/geocont"  # the Dockerfile's WORKDIR: the repository root inside the image
 STORE_MOUNT = "/mnt/geocont"
+# The CUDA that torch's PyPI wheel for Linux bundles, and that CUDA's minimum driver branch. Read, not assumed:
+# torch 2.13.0's wheel metadata requires cuda-toolkit==13.0.3 and nvidia-*-cu13 packages; NVIDIA's CUDA
+# compatibility guide gives ">= 580" for CUDA 13.x. A new torch pin fails here until its CUDA is looked up.
+TORCH_CUDA = {"2.13.0": ("13.0", "580")}
 
 
 def dockerfile() -> list[tuple[str, str]]:
@@ -136,7 +141,35 @@ def test_dockerfile_base_user_and_pins():
     users = [arg for word, arg in steps if word == "USER"]
     assert users and users[-1] not in ("root", "0")  # runs as the image's non-root `ray` user
     assert ("WORKDIR", IMAGE_WORKDIR) in steps
-    assert any(word == "RUN" and 'pip install ".[dashboards]"' in arg for word, arg in steps)
+
+
+def test_dockerfile_installs_the_text_extras():
+    """WikiText-103 and the BPE tokenizer need the `text` extra: the image installs it and imports its packages."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    section = pyproject.split("[project.optional-dependencies]")[1].split("\n[")[0]
+    extras_declared = {
+        name: re.findall(r'"([^"]+)"', body) for name, body in re.findall(r"(?ms)^(\w+) = \[(.*?)\]", section)
+    }
+    runs = " ".join(arg for word, arg in dockerfile() if word == "RUN")
+    installed = re.search(r'pip install "\.\[([\w,]+)\]"', runs)
+    assert installed, "the image must pip install the repository with its extras"
+    extras = installed.group(1).split(",")
+    assert "text" in extras and set(extras) <= set(extras_declared), extras
+    imports = re.search(r'python -c "import ([\w., ]+);', runs).group(1).replace(" ", "").split(",")
+    for requirement in extras_declared["text"]:  # e.g. "datasets>=3": the image checks each one imports
+        assert re.match(r"[\w-]+", requirement).group(0) in imports, requirement
+
+
+def test_dockerfile_states_and_enforces_the_driver_torchs_cuda_needs():
+    pin = re.search(r'"torch==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert pin in TORCH_CUDA, f"torch {pin}: look up the CUDA its wheel bundles and the driver it needs"
+    cuda, driver = TORCH_CUDA[pin]
+    env = " ".join(arg for word, arg in dockerfile() if word == "ENV")
+    assert f'NVIDIA_REQUIRE_CUDA="cuda>={cuda}"' in env  # the NVIDIA runtime refuses older drivers
+    text = (DOCKER / "Dockerfile").read_text()
+    assert f"CUDA {cuda}" in text and f"branch {driver} or newer" in text
+    for doc in (DOCKER / "README.md", DOCKER / "kuberay-rayjob.yaml"):
+        assert f"driver {driver} or newer" in doc.read_text(), doc.name
 
 
 def test_dockerfile_copies_exist_and_pass_the_dockerignore():
@@ -181,6 +214,49 @@ def test_ray_cluster_config_validates_with_rays_schema():
     assert any(STORE_MOUNT in cmd and "mount" in cmd for cmd in config["initialization_commands"])
 
 
+def launcher_commands(config: dict) -> list[str]:
+    keys = ("initialization_commands", "setup_commands", "head_setup_commands", "worker_setup_commands",
+            "head_start_ray_commands", "worker_start_ray_commands")  # fmt: skip
+    return [cmd for key in keys for cmd in config.get(key, [])]
+
+
+def test_ray_cluster_needs_only_rays_default_cloud_permissions():
+    """No instance profile of our own (Ray's default: the head may launch EC2 workers and use S3, workers have no
+    role) and no command that calls an AWS API (a parameter-store or secrets-manager read would fail there)."""
+    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
+    for name, node in config["available_node_types"].items():
+        assert "IamInstanceProfile" not in node["node_config"], name
+    for cmd in launcher_commands(config):
+        assert not re.search(r"\baws\s+\w+|\bssm\b|secretsmanager|get-parameter", cmd), cmd
+    # The token reaches every node as a file mount from the machine that runs `ray up` (~/.ray/auth_token).
+    assert config["file_mounts"]["~/.ray"] == "~/.ray"
+
+
+@pytest.mark.parametrize("node", ["head", "worker"])
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no-key"])
+def test_ray_cluster_start_commands_pass_wandb_api_key_to_ray(tmp_path, node, with_key):
+    """Run the node's start commands in bash with a stand-in `ray` that prints the WANDB_API_KEY it was started
+    with: every Ray worker (so every trial) inherits `ray start`'s environment."""
+    config = yaml.safe_load((DOCKER / "ray-cluster.yaml").read_text())
+    secrets_local, secrets_remote = next((k, v) for k, v in config["file_mounts"].items() if "secrets" in k)
+    assert secrets_local == secrets_remote  # the same path on every node as on the launching machine
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    secrets = home / secrets_remote.removeprefix("~/")
+    secrets.mkdir(parents=True)
+    if with_key:
+        (secrets / "wandb_api_key").write_text("fake-wandb-key-0123")
+    bin_dir.mkdir()
+    (bin_dir / "ray").write_text('#!/bin/sh\necho "ray $1 WANDB_API_KEY=${WANDB_API_KEY:-unset}"\n')
+    (bin_dir / "ray").chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/bin:/bin", "RAY_HEAD_IP": "10.0.0.1"}
+    for cmd in config[f"{node}_start_ray_commands"]:
+        out = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, check=True).stdout
+        if "ray start" in cmd:
+            expected = "fake-wandb-key-0123" if with_key else "unset"
+            assert out.strip() == f"ray start WANDB_API_KEY={expected}", (cmd, out)
+    assert "fake-wandb-key" not in (DOCKER / "ray-cluster.yaml").read_text()
+
+
 def test_kuberay_rayjob_runs_the_paper_sweep_on_gpus_with_shared_store_and_secrets():
     job = yaml.safe_load((DOCKER / "kuberay-rayjob.yaml").read_text())
     assert (job["apiVersion"], job["kind"]) == ("ray.io/v1", "RayJob")
@@ -197,12 +273,31 @@ def test_kuberay_rayjob_runs_the_paper_sweep_on_gpus_with_shared_store_and_secre
         assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
         assert "persistentVolumeClaim" in volumes[mounts[STORE_MOUNT]]
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
-        assert env["RAY_AUTH_MODE"]["value"] == "token"
-        assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"]  # from a Secret, never a literal
+        key = env["WANDB_API_KEY"]["valueFrom"]["secretKeyRef"]  # from a Secret, never a literal
+        assert key["optional"] is True  # offline wandb works without one
         assert all("value" not in e for name, e in env.items() if "TOKEN" in name or "KEY" in name)
+    submitter = job["spec"]["submitterPodTemplate"]["spec"]
+    assert submitter["securityContext"]["runAsNonRoot"] is True
     entry = job["spec"]["entrypoint"]
     assert "geocont sweep launch sweeps/paper_mlp.yaml --address auto" in entry
     assert f"--store {STORE_MOUNT}/" in entry
+
+
+def test_kuberay_rayjob_uses_auth_options_not_hand_set_token_variables():
+    """KubeRay >= 1.5.1: `authOptions: {mode: token}` in the cluster spec; the operator generates the token Secret and
+    sets RAY_AUTH_MODE / RAY_AUTH_TOKEN on every Ray container and the submitter, so no pod sets them itself."""
+    job = yaml.safe_load((DOCKER / "kuberay-rayjob.yaml").read_text())
+    cluster = job["spec"]["rayClusterSpec"]
+    assert cluster["authOptions"] == {"mode": "token"}
+    ray_version = tuple(int(p) for p in cluster["rayVersion"].split("."))
+    assert ray_version >= (2, 52, 0)  # the operator refuses authOptions below Ray 2.52.0
+    pods = [cluster["headGroupSpec"]["template"]["spec"], job["spec"]["submitterPodTemplate"]["spec"]]
+    pods += [group["template"]["spec"] for group in cluster["workerGroupSpecs"]]
+    for pod in pods:
+        for container in pod["containers"]:
+            names = {e["name"] for e in container.get("env", [])}
+            assert not names & {"RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"}, container["name"]
+    assert "v1.5.1 or newer" in (DOCKER / "kuberay-rayjob.yaml").read_text()
 
 
 def test_paths_named_in_docker_files_exist():
