@@ -28,8 +28,13 @@ fi
 results=${OUT:-$(mktemp -d)}
 mkdir -p "$results"
 mnist=${MNIST:-../shared/mnist}
-if "$PYTHON" -c "import pydantic, polars, ray, wandb" 2>/dev/null; then
+imports="import pydantic, polars, ray, wandb"
+if "$PYTHON" -c "$imports" 2>/dev/null; then
   phase "geocont's packages already importable"
+elif [ -d "$STASH/site" ] && PYTHONPATH="$STASH/site" "$PYTHON" -c "$imports" 2>/dev/null; then
+  export PYTHONPATH="$STASH/site${PYTHONPATH:+:$PYTHONPATH}"   # installed by an earlier call on this machine
+  mnist=$STASH/mnist
+  phase "packages installed by an earlier call"
 else
   phase "install the carried packages"
   first=$(ls "$STASH"/$ARCHIVE.part00 .gpu-smoke/a/$ARCHIVE.part00 2>/dev/null | head -1 || true)
@@ -40,8 +45,10 @@ else
     || { echo "$ARCHIVE: checksum mismatch (parts from two different packings?)" >&2; exit 2; }
   "$PYTHON" -c 'import sys, tarfile; tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], filter="data")' \
     "$STASH/$ARCHIVE" "$STASH/site"
-  export PYTHONPATH="$PWD:$STASH/site${PYTHONPATH:+:$PYTHONPATH}"
-  mnist=.gpu-smoke/b/mnist
+  rm "$STASH/$ARCHIVE"
+  export PYTHONPATH="$STASH/site${PYTHONPATH:+:$PYTHONPATH}"
+  rm -rf "$STASH/mnist" && cp -r .gpu-smoke/b/mnist "$STASH/mnist"   # kept for a rerun on the warm machine
+  mnist=$STASH/mnist
   phase "installed"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0
