@@ -293,6 +293,7 @@ def main(argv: list[str] | None = None) -> int:
 
     timer, outcomes, status = MetricTimer(), [], 0
     with tempfile.TemporaryDirectory(prefix="gpu-smoke-") as scratch:
+        os.environ.setdefault("GEOCONT_CACHE", str(Path(scratch) / "cache"))  # one BPE for all of a part's runs
         for name in names:
             t0 = time.perf_counter()
             folder = Path(scratch) / name
