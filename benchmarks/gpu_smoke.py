@@ -120,7 +120,9 @@ class MetricTimer:
         self.available = all(hasattr(callbacks.GeometryMonitor, name) for name in self.HOOKS)
         if self.available:
             for name in self.HOOKS:
-                setattr(callbacks.GeometryMonitor, name, self._timed(getattr(callbacks.GeometryMonitor, name)))
+                hook = getattr(callbacks.GeometryMonitor, name)
+                hook = getattr(hook, "untimed", hook)  # a second timer (a second main()) replaces the first
+                setattr(callbacks.GeometryMonitor, name, self._timed(hook))
 
     def _timed(self, fn):
         def wrapper(*args, **kwargs):
@@ -130,6 +132,7 @@ class MetricTimer:
             finally:
                 self.seconds += time.perf_counter() - t0
 
+        wrapper.untimed = fn
         return wrapper
 
 
