@@ -271,6 +271,13 @@ def report(outcomes: list[Outcome]) -> str:
         verdict = "-" if o.match is None else ("yes" if o.match else "NO") + f" ({o.compared} values; {o.worst})"
         lines.append(f"{o.part:18} {o.device[:10]:10} {o.steps:6d} {o.steps_per_s:8.1f} {mem} {share}  {verdict}")
         lines += [f"{'':18} {note}" for note in o.notes]
+    by_name = {o.part: o for o in outcomes}
+    one, four = by_name.get("mlp-fp32"), by_name.get("ray")
+    if one and four and one.steps_per_s and four.steps_per_s:
+        lines.append(
+            f"paper MLP: one trial {one.steps_per_s:.1f} steps/s; {RAY_TRIALS} trials at gpu {RAY_GPU_SHARE:g} "
+            f"through Ray {four.steps_per_s:.1f} trial-steps/s ({four.steps_per_s / one.steps_per_s:.2f}x one trial)"
+        )
     return "\n".join(lines)
 
 
