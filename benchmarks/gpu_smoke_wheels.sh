@@ -10,8 +10,8 @@
 # 2. Installs them into one folder (pip --target, no bytecode), drops ray/jars (Java workers only: 33 MB that
 #    neither compresses nor runs here), and packs it as one tar.xz.
 # 3. Splits the archive in two: .gpu-smoke/a/ (the first half) and .gpu-smoke/b/ (the second half, MNIST's four
-#    .gz files and the archive's sha256). Each travels in one device call; the two calls together stay under the
-#    64 MiB a call allows, the working tree included (checked at the end).
+#    .gz files and the archive's sha256). Each travels in one device call and stays under the 64 MiB a call
+#    allows, the working tree included (checked at the end).
 #
 # Not carried: vl-convert-python (33 MB; only `geocont report --figures` uses it) and the `text`/`dev` extras.
 set -euo pipefail
