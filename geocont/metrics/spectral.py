@@ -183,8 +183,11 @@ class TopPair(NamedTuple):
     basis: Tensor  # (L, d, block) orthonormal Ritz vectors of the smaller Gram: the next call's warm start
 
 
+SUBSPACE_BLOCK = 8  # top_singular_pair's default block size (packed trials build cold starts of this size)
+
+
 def top_singular_pair(
-    W: Tensor, start: Tensor | None = None, *, block: int = 8, tol: float = 1e-4, max_iter: int = 60
+    W: Tensor, start: Tensor | None = None, *, block: int = SUBSPACE_BLOCK, tol: float = 1e-4, max_iter: int = 60
 ) -> TopPair:
     """Leading singular pair of every matrix in a stack (L, m, n) by subspace iteration with Rayleigh-Ritz.
 
