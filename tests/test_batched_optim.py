@@ -15,11 +15,11 @@ from geocont.optim.batched import BatchedAdam, BatchedSGD, build_batched_optimiz
 
 K, STEPS = 4, 50
 SHAPES = [(5, 4), (4,), (3, 2, 2)]
-# per member: one default-like, one with beta2 = 0 (the paper's ablation), two with weight decay
+# per member: one default-like, two with beta2 = 0 (the paper's ablation; one without momentum), two with weight decay
 HYPER = {
     "lr": [1e-2, 3e-3, 1e-1, 1e-3],
     "beta1": [0.9, 0.0, 0.5, 0.9],
-    "beta2": [0.999, 0.0, 0.9, 0.99],
+    "beta2": [0.999, 0.0, 0.0, 0.99],
     "eps": [1e-8, 1e-6, 1e-8, 1e-3],
     "weight_decay": [0.0, 0.1, 0.01, 0.0],
 }
