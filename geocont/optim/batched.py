@@ -18,6 +18,7 @@ decoupled. tests/test_batched_optim.py checks each member against torch.optim ru
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -32,6 +33,9 @@ class BatchedOptimizer(torch.optim.Optimizer):
     """One param group of (K, ...) tensors; its (K,) hyperparameters, step count and `active` mask.
 
     They all live in the param group, so state_dict / load_state_dict carry them with the moments.
+    Every update is in place: a step allocates nothing after the first (a fresh multi-megabyte
+    temporary per op costs the CPU page faults each step), and the masked gradient goes to a scratch
+    buffer per parameter that is not part of the state.
     """
 
     def __init__(self, params, K: int, **hyper: float | Sequence[float] | Tensor):
@@ -48,6 +52,16 @@ class BatchedOptimizer(torch.optim.Optimizer):
         group["active"] = torch.ones(K, dtype=torch.bool, device=device)
         super().__init__(params, group)
         self.K = K
+        self.scratch: dict[Tensor, list[Tensor]] = {}
+        self._read_flags()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._read_flags()
+
+    def _read_flags(self) -> None:
+        # read once on the host, never per step (a GPU would sync): skips the weight-decay pass when unused
+        self.decays = bool((self.param_groups[0]["weight_decay"] != 0).any())
 
     @property
     def active(self) -> Tensor:
@@ -62,9 +76,20 @@ class BatchedOptimizer(torch.optim.Optimizer):
         """(K,) `value` with frozen members set to the `neutral` value that leaves their state unchanged."""
         return torch.where(self.active, value, torch.full_like(value, neutral))
 
-    def _grads(self, params: list[Tensor]) -> list[Tensor]:
-        shape = [self.active.view(-1, *([1] * (p.dim() - 1))) for p in params]
-        return [torch.where(on, p.grad, 0.0) for on, p in zip(shape, params)]  # where: NaN stays out
+    def _buffers(self, params: list[Tensor], n: int) -> list[list[Tensor]]:
+        """n scratch tensors per parameter, made on first use: n lists of len(params)."""
+        for p in params:
+            if p not in self.scratch:
+                self.scratch[p] = [torch.empty_like(p) for _ in range(n)]
+        return [[self.scratch[p][i] for p in params] for i in range(n)]
+
+    def _masked_grads(self, params: list[Tensor], out: list[Tensor]) -> list[Tensor]:
+        """The gradients with frozen members' slices zeroed, into `out`. where, not a product: NaN * 0 is NaN."""
+        on = _per_param(self.active, params)
+        zero = params[0].new_zeros(())
+        for o, mask, p in zip(out, on, params):
+            torch.where(mask, p.grad, zero, out=o)
+        return out
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -88,13 +113,15 @@ def _per_member(value: float | Sequence[float] | Tensor, K: int, device: torch.d
     return t.clone()
 
 
-def _view(h: Tensor, p: Tensor) -> Tensor:
-    """(K,) -> (K, 1, ..., 1) in p's dtype: broadcasts over member k's slice of p."""
-    return h.to(p.dtype).view(-1, *([1] * (p.dim() - 1)))
-
-
-def _views(h: Tensor, params: list[Tensor]) -> list[Tensor]:
-    return [_view(h, p) for p in params]
+def _per_param(h: Tensor, params: list[Tensor]) -> list[Tensor]:
+    """(K,) -> one (K, 1, ..., 1) view per parameter, broadcasting over member k's slice (in its dtype)."""
+    if h.dtype != torch.bool:
+        h = h.to(params[0].dtype)
+    by_dim: dict[int, Tensor] = {}
+    for p in params:
+        if p.dim() not in by_dim:
+            by_dim[p.dim()] = h.view(-1, *([1] * (p.dim() - 1)))
+    return [by_dim[p.dim()] for p in params]
 
 
 class BatchedAdam(BatchedOptimizer):
@@ -103,29 +130,40 @@ class BatchedAdam(BatchedOptimizer):
     def __init__(self, params, K: int, lr=1e-3, beta1=0.9, beta2=0.999, eps=DEFAULT_EPS, weight_decay=0.0,
                  decoupled: bool = False):  # fmt: skip
         super().__init__(params, K, lr=lr, beta1=beta1, beta2=beta2, eps=eps, weight_decay=weight_decay)
+        if not bool((self.param_groups[0]["lr"] > 0).all()):  # the update divides by the step size
+            raise ValueError(f"every member's lr must be positive, got {self.param_groups[0]['lr'].tolist()}")
         self.decoupled = decoupled
 
     def _update(self, group: dict, params: list[Tensor]) -> None:
         m, v = self._moments(params)
+        grads, work = self._buffers(params, 2)
+        grads = self._masked_grads(params, grads)
         group["step"] += self.active.to(group["step"].dtype)  # a frozen member's count stays
         lr, wd = self._frozen_as(group["lr"], 0.0), self._frozen_as(group["weight_decay"], 0.0)
         beta1, beta2 = self._frozen_as(group["beta1"], 1.0), self._frozen_as(group["beta2"], 1.0)
-        grads = self._grads(params)
-        if self.decoupled:
-            torch._foreach_mul_(params, _views(1 - lr * wd, params))
-        else:
-            grads = torch._foreach_add(grads, torch._foreach_mul(params, _views(wd, params)))
-        torch._foreach_lerp_(m, grads, _views(1 - beta1, params))
-        torch._foreach_mul_(v, _views(beta2, params))
-        torch._foreach_add_(v, torch._foreach_mul(torch._foreach_mul(grads, grads), _views(1 - beta2, params)))
-        # bias corrections from each member's own step count (clamped: a member frozen before its
-        # first step has count 0, and its lr is 0 anyway)
+        if self.decays and self.decoupled:
+            torch._foreach_mul_(params, _per_param(1 - lr * wd, params))
+        elif self.decays:
+            torch._foreach_addcmul_(grads, params, _per_param(wd, params))  # g + wd * p
+        torch._foreach_lerp_(m, grads, _per_param(1 - beta1, params))
+        torch._foreach_mul_(v, _per_param(beta2, params))
+        for w, g, c in zip(work, grads, _per_param(1 - beta2, params)):
+            torch.mul(g, c, out=w)
+        torch._foreach_addcmul_(v, work, grads)  # v + ((1 - beta2) g) g, torch.optim's order
+        # torch.optim's update is p - step_size * m / (sqrt(v) / c2 + eps) with bias corrections c1, c2 of
+        # each member's own step count (clamped: a member frozen before its first step has count 0).
+        # Here the denominator sqrt(v) * scale + shift = (sqrt(v) / c2 + eps) / step_size is built in
+        # two passes, and the update is one addcdiv. A frozen member's scale 0 and shift inf make its
+        # denominator inf and its update exactly 0.
         steps = group["step"].clamp_min(1)
-        step_size = lr / (1 - group["beta1"] ** steps)  # (K,)
+        step_size = group["lr"] / (1 - group["beta1"] ** steps)  # (K,)
         correction2_sqrt = (1 - group["beta2"] ** steps).sqrt()
-        denom = torch._foreach_div(torch._foreach_sqrt(v), _views(correction2_sqrt, params))
-        torch._foreach_add_(denom, _views(group["eps"], params))
-        torch._foreach_sub_(params, torch._foreach_div(torch._foreach_mul(m, _views(step_size, params)), denom))
+        scale = self._frozen_as(1 / (correction2_sqrt * step_size), 0.0)
+        shift = self._frozen_as(group["eps"] / step_size, math.inf)
+        for w, s, scl, sh in zip(work, v, _per_param(scale, params), _per_param(shift, params)):
+            torch.sqrt(s, out=w)
+            torch.addcmul(sh, w, scl, out=w)
+        torch._foreach_addcdiv_(params, m, work, value=-1.0)
 
     def _moments(self, params: list[Tensor]) -> tuple[list[Tensor], list[Tensor]]:
         for p in params:
@@ -141,15 +179,18 @@ class BatchedSGD(BatchedOptimizer):
         super().__init__(params, K, lr=lr, beta1=beta1, weight_decay=weight_decay)
 
     def _update(self, group: dict, params: list[Tensor]) -> None:
+        (grads,) = self._buffers(params, 1)
+        grads = self._masked_grads(params, grads)
         group["step"] += self.active.to(group["step"].dtype)
         lr, wd = self._frozen_as(group["lr"], 0.0), self._frozen_as(group["weight_decay"], 0.0)
         momentum = self._frozen_as(group["beta1"], 1.0)
-        grads = torch._foreach_add(self._grads(params), torch._foreach_mul(params, _views(wd, params)))
+        if self.decays:
+            torch._foreach_addcmul_(grads, params, _per_param(wd, params))  # g + wd * p
         # torch.optim starts the buffer as the first gradient: momentum * 0 + g is exactly that
         bufs = [self.state[p].setdefault("momentum_buffer", torch.zeros_like(p)) for p in params]
-        torch._foreach_mul_(bufs, _views(momentum, params))
+        torch._foreach_mul_(bufs, _per_param(momentum, params))
         torch._foreach_add_(bufs, grads)
-        torch._foreach_sub_(params, torch._foreach_mul(bufs, _views(lr, params)))
+        torch._foreach_addcmul_(params, bufs, _per_param(lr, params), value=-1.0)  # p - lr * buf
 
 
 def build_batched_optimizer(params, cfgs: Sequence[OptimConfig]) -> BatchedOptimizer:
