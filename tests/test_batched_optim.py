@@ -141,3 +141,5 @@ def test_refusals():
         BatchedAdam([torch.nn.Parameter(torch.zeros(3, 3))], K=2)
     with pytest.raises(ValueError, match="K=2 values"):
         BatchedAdam([torch.nn.Parameter(torch.zeros(2, 3))], K=2, lr=[1e-3, 1e-3, 1e-3])
+    with pytest.raises(ValueError, match="lr must be positive"):
+        BatchedAdam([torch.nn.Parameter(torch.zeros(2, 3))], K=2, lr=[1e-3, 0.0])
