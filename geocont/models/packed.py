@@ -48,7 +48,8 @@ def pack_key(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
     """What must be equal for two run configs to train in one pack: every field but FREE_FIELDS.
 
     A sorted tuple of (dotted path, value) pairs, hashable, so a sweep groups its trials by it. Tracking
-    is kept in the key: the pack's process owns one set of loggers, so members must agree on them.
+    is kept in the key: the pack's process owns one set of loggers, so members must agree on them. The
+    key is defined for every config, but only model.kind 'mlp' has a packed model (PackedMLP).
     """
     flat: dict[str, object] = {}
     _flatten(cfg.model_dump(mode="json"), "", flat)
@@ -61,7 +62,7 @@ def _flatten(tree: dict, prefix: str, out: dict[str, object]) -> None:
         if isinstance(value, dict):
             _flatten(value, f"{path}.", out)
         else:
-            out[path] = value
+            out[path] = tuple(value) if isinstance(value, list) else value  # hashable
 
 
 class _BatchedLinear(torch.autograd.Function):
