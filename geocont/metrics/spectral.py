@@ -154,19 +154,23 @@ def svd_top(W: Tensor, k: int | None = None) -> Spectrum:
 
 
 def adjacent_abs_cos(X: Tensor) -> Tensor:
-    """|cos| between rows l and l+1 of X (L, d): shape (L-1,). Rows need not be normalised."""
+    """|cos| between rows l and l+1 of X (..., L, d): shape (..., L-1). Rows need not be normalised.
+
+    Leading dims are independent stacks (packed trials: (K, L, d)); pairs never cross them.
+    """
     X = X / X.norm(dim=-1, keepdim=True).clamp_min(1e-30)
-    return (X[:-1] * X[1:]).sum(-1).abs()
+    return (X[..., :-1, :] * X[..., 1:, :]).sum(-1).abs()
 
 
 def sigma2_alignment(s: Tensor, vectors: Tensor, fro2: Tensor) -> Tensor:
-    """Per adjacent pair: sum_i (s_i(l)^2 / ||W(l)||_F^2) |cos(x_i(l), x_i(l+1))|, shape (L-1,).
+    """Per adjacent pair: sum_i (s_i(l)^2 / ||W(l)||_F^2) |cos(x_i(l), x_i(l+1))|, shape (..., L-1).
 
-    vectors (L, d, k) are the singular vectors of one space (V for input, U for output). With a
-    truncated spectrum (k < rank) the sum covers only the top-k share of the Frobenius energy.
+    vectors (..., L, d, k) are the singular vectors of one space (V for input, U for output), s (..., L, k),
+    fro2 (..., L); leading dims are independent stacks. With a truncated spectrum (k < rank) the sum
+    covers only the top-k share of the Frobenius energy.
     """
-    weights = s[:-1].pow(2) / fro2[:-1].clamp_min(1e-30).unsqueeze(-1)  # (L-1, k)
-    cos = (vectors[:-1] * vectors[1:]).sum(dim=-2).abs()  # (L-1, k)
+    weights = s[..., :-1, :].pow(2) / fro2[..., :-1].clamp_min(1e-30).unsqueeze(-1)  # (..., L-1, k)
+    cos = (vectors[..., :-1, :, :] * vectors[..., 1:, :, :]).sum(dim=-2).abs()  # (..., L-1, k)
     return (weights * cos).sum(-1)
 
 
@@ -179,8 +183,11 @@ class TopPair(NamedTuple):
     basis: Tensor  # (L, d, block) orthonormal Ritz vectors of the smaller Gram: the next call's warm start
 
 
+SUBSPACE_BLOCK = 8  # top_singular_pair's default block size (packed trials build cold starts of this size)
+
+
 def top_singular_pair(
-    W: Tensor, start: Tensor | None = None, *, block: int = 8, tol: float = 1e-4, max_iter: int = 60
+    W: Tensor, start: Tensor | None = None, *, block: int = SUBSPACE_BLOCK, tol: float = 1e-4, max_iter: int = 60
 ) -> TopPair:
     """Leading singular pair of every matrix in a stack (L, m, n) by subspace iteration with Rayleigh-Ritz.
 
@@ -249,24 +256,38 @@ def weight_continuity(W: Tensor) -> dict[str, float]:
     spectrum stays in eigh's ascending order (sigma2 pairs index i with index i, whatever the order),
     which spares copying the full eigenvector stacks. Raises NonFiniteMatrix for NaN/inf.
     """
-    spec = _spectrum(W)
-    s = spec.s
-    gap = s[:, -1] / s[:, -2].clamp_min(1e-30) if s.shape[1] > 1 else torch.full_like(s[:, -1], math.inf)
+    return {key: value.item() for key, value in continuity_values(_spectrum(W)).items()}
+
+
+def continuity_values(spec: Spectrum) -> dict[str, Tensor]:
+    """weight_continuity's metrics from a full ascending spectrum with any leading dims (..., L, ...).
+
+    Each value is the mean over the layer dim, shape (...): () for one stack, (K,) for K packed trials
+    whose spectra came from one eigh over their K * L matrices.
+    """
+    s = spec.s  # (..., L, r) ascending
+    top_v, top_u = spec.V[..., -1], spec.U[..., -1]  # (..., L, n), (..., L, m)
+    gap = s[..., -1] / s[..., -2].clamp_min(1e-30) if s.shape[-1] > 1 else torch.full_like(s[..., -1], math.inf)
     return {
-        "v1_continuity": adjacent_abs_cos(spec.V[:, :, -1]).mean().item(),
-        "u1_continuity": adjacent_abs_cos(spec.U[:, :, -1]).mean().item(),
-        "sigma2_continuity": sigma2_alignment(s, spec.V, spec.fro2).mean().item(),
-        "sigma2_continuity_u": sigma2_alignment(s, spec.U, spec.fro2).mean().item(),
-        "spectral_gap": gap.mean().item(),
+        "v1_continuity": adjacent_abs_cos(top_v).mean(-1),
+        "u1_continuity": adjacent_abs_cos(top_u).mean(-1),
+        "sigma2_continuity": sigma2_alignment(s, spec.V, spec.fro2).mean(-1),
+        "sigma2_continuity_u": sigma2_alignment(s, spec.U, spec.fro2).mean(-1),
+        "spectral_gap": gap.mean(-1),
     }
 
 
 def update_ratio(W: Tensor, W0: Tensor) -> float:
     """Mean over layers of ||W(t) - W(0)||_F / ||W(0)||_F for stacks (L, m, n)."""
-    num = (W - W0).flatten(1).norm(dim=1)
-    den = W0.flatten(1).norm(dim=1).clamp_min(1e-30)
-    ratio = (num / den).mean().item()
+    ratio = update_ratio_values(W, W0).item()
     return ratio if math.isfinite(ratio) else math.nan  # a diverged run: NaN, as for every other metric
+
+
+def update_ratio_values(W: Tensor, W0: Tensor) -> Tensor:
+    """update_ratio for stacks with leading dims (..., L, m, n): shape (...), non-finite values kept."""
+    num = (W - W0).flatten(-2).norm(dim=-1)  # (..., L)
+    den = W0.flatten(-2).norm(dim=-1).clamp_min(1e-30)
+    return (num / den).mean(-1)
 
 
 def delta_gw(grad_cum: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
