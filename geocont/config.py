@@ -10,17 +10,17 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
-    PositiveFloat,
-    PositiveInt,
     Tag,
     ValidationError,
     model_validator,
@@ -52,11 +52,27 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _not_bool(value: Any) -> Any:
+    # pydantic reads `true` as 1 for a number field; a user who typed a bool meant something else.
+    if isinstance(value, bool):
+        raise ValueError(f"got {value!r}, a bool; allowed: a number")
+    return value
+
+
+# Numbers as the config reads them: no bools, no inf/nan (a learning rate of inf is never meant).
+Number = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
+PositiveFloat = Annotated[Number, Field(gt=0)]
+Int = Annotated[int, BeforeValidator(_not_bool)]
+PositiveInt = Annotated[Int, Field(gt=0)]
+# Continuity compares consecutive layers: one layer has nothing to compare (the metrics would raise mid-run).
+Depth = Annotated[Int, Field(ge=2)]
+
+
 class MLPConfig(_Strict):
     """Residual MLP: input projection -> `depth` blocks of width `width` -> classifier head."""
 
     kind: Literal["mlp"] = "mlp"
-    depth: PositiveInt = 16
+    depth: Depth = 16
     width: PositiveInt = 256
     residual: bool = True
     activation: MLPActivation = "relu"
@@ -69,7 +85,7 @@ class TransformerConfig(_Strict):
     """Llama-style decoder: RMSNorm pre-norm blocks, RoPE attention, gated MLP."""
 
     kind: Literal["transformer"] = "transformer"
-    depth: PositiveInt = 8
+    depth: Depth = 8
     width: PositiveInt = 512
     heads: PositiveInt = 8
     kv_heads: PositiveInt = 8
@@ -105,7 +121,7 @@ class DataConfig(_Strict):
     name: Literal["digits", "mnist", "stdlib", "text", "wikitext103"] = "digits"
     path: str | None = None  # mnist: folder of IDX files; text: folder of text files
     seq_len: PositiveInt = 256
-    val_fraction: float = Field(0.15, gt=0.0, lt=1.0)
+    val_fraction: Number = Field(0.15, gt=0.0, lt=1.0)
     tokenizer: Literal["bytes", "bpe"] = "bytes"  # language data only
     vocab_size: PositiveInt = 4096  # bpe only
 
@@ -119,15 +135,15 @@ class DataConfig(_Strict):
 class OptimConfig(_Strict):
     name: Literal["adam", "adamw", "sgd"] = "adam"
     lr: PositiveFloat = 1.0e-3
-    beta1: float = Field(0.9, ge=0.0, lt=1.0)
-    beta2: float = Field(0.999, ge=0.0, lt=1.0)  # 0 is a paper ablation (no second-moment averaging)
-    weight_decay: float = Field(0.0, ge=0.0)
+    beta1: Number = Field(0.9, ge=0.0, lt=1.0)
+    beta2: Number = Field(0.999, ge=0.0, lt=1.0)  # 0 is a paper ablation (no second-moment averaging)
+    weight_decay: Number = Field(0.0, ge=0.0)
 
 
 class TrainConfig(_Strict):
     epochs: PositiveInt = 30
     batch_size: PositiveInt = 64
-    seed: int = Field(0, ge=0)
+    seed: Int = Field(0, ge=0)
     max_steps: PositiveInt | None = None
     metrics_every_n_steps: PositiveInt | None = None
     precision: Literal["32", "16-mixed", "bf16-mixed", "bf16-true"] = "32"
@@ -251,20 +267,58 @@ def preset_dict(name: str) -> dict[str, Any]:
     path = PRESET_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError([f"preset: unknown preset '{name}'; allowed: {', '.join(preset_names())}"])
-    return yaml.safe_load(path.read_text()) or {}
+    return parse_yaml(path.read_text(), str(path)) or {}
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A YAML mapping from disk, with a one-line error for a missing file or bad syntax."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError([f"{path}: no such file"])
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that notes repeated mapping keys (plain YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, str | int | float | bool) and key in seen:
+                self.duplicates.append(f"duplicate key {key!r} (lines {seen[key]} and {line}); give each key once")
+            seen.setdefault(key, line)
+        return super().construct_mapping(node, deep)
+
+
+def parse_yaml(text: str, source: str) -> Any:
+    """YAML text -> data, with every repeated key and a syntax error as one-line ConfigError problems."""
+    loader = _UniqueKeyLoader(text)
+    loader.duplicates = []
     try:
-        data = yaml.safe_load(path.read_text())
+        data = loader.get_single_data()
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError([f"{path}: not valid YAML{where}: {getattr(err, 'problem', err)}"]) from None
+        raise ConfigError([f"{source}: not valid YAML{where}: {getattr(err, 'problem', None) or err}"]) from None
+    finally:
+        loader.dispose()
+    if loader.duplicates:
+        raise ConfigError([f"{source}: {line}" for line in loader.duplicates])
+    return data
+
+
+def read_text(path: Path) -> str:
+    """A text file as UTF-8, with a one-line error for bytes that are not."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            [f"{path}: not UTF-8 text (byte 0x{err.object[err.start]:02x} at offset {err.start}); save it as UTF-8"]
+        ) from None
+    except OSError as err:
+        raise ConfigError([f"{path}: cannot be read ({err.strerror})"]) from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """A YAML mapping from disk, with a one-line error for a missing file, bad bytes or bad syntax."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError([f"{path}: no such file"])
+    data = parse_yaml(read_text(path), str(path))
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -276,15 +330,39 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 # Validation with errors worded the way the user typed them
 
 
-def describe_errors(err: ValidationError, prefix: str = "") -> list[str]:
-    """One line per pydantic error: 'dotted.path: what is wrong (what is allowed)'."""
+def describe_errors(
+    err: ValidationError, prefix: str = "", allowed: Callable[[str], list[str]] | None = None
+) -> list[str]:
+    """One line per pydantic error: 'dotted.path: what is wrong (what is allowed)'.
+
+    `allowed(section)` gives the keys of a section ('' is the top level) for 'unknown key' errors.
+    """
     lines = []
     for e in err.errors(include_url=False):
         # Discriminated unions add the tag ('mlp') to the location; users never typed it.
         loc = [str(p) for p in e["loc"] if p not in ("mlp", "transformer")]
         path = ".".join([prefix, *loc] if prefix else loc) if loc else (prefix or "config")
-        lines.append(f"{path}: {_explain(e)}")
+        line = f"{path}: {_explain(e)}"
+        keys = allowed(".".join(loc[:-1])) if allowed and e["type"] == "extra_forbidden" else None
+        if keys:
+            line += f"; allowed under {'.'.join(loc[:-1]) or 'the top level'}: {', '.join(keys)}"
+        lines.append(line)
     return lines
+
+
+def run_config_keys(raw: dict[str, Any]) -> Callable[[str], list[str]]:
+    """section -> its keys in a RunConfig like `raw` (the model's keys depend on its kind)."""
+    model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    sections: dict[str, type[BaseModel]] = {
+        "": RunConfig,
+        "model": TransformerConfig if model.get("kind") == "transformer" else MLPConfig,
+        "data": DataConfig,
+        "optim": OptimConfig,
+        "train": TrainConfig,
+        "tracking": TrackingConfig,
+        "tracking.wandb": WandbConfig,
+    }
+    return lambda section: list(sections[section].model_fields) if section in sections else []
 
 
 def _explain(e: dict[str, Any]) -> str:
@@ -304,7 +382,7 @@ def validate_run(raw: dict[str, Any], prefix: str = "") -> RunConfig:
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
-        raise ConfigError(describe_errors(err, prefix)) from None
+        raise ConfigError(describe_errors(err, prefix, run_config_keys(raw))) from None
 
 
 def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, prefix: str = "") -> RunConfig:

@@ -15,7 +15,9 @@ diverged): a run without one never finished. This module knows neither Ray nor L
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,11 @@ from typing import Any
 import polars as pl
 import yaml
 
+from geocont.config import ConfigError
+
 DEFAULT_STORE = "geocont-results"
+SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SWEEP_NAME_MAX = 100  # a folder name, with room for the run folders below it in any file system's limits
 FINAL_STATUSES = ("completed", "failed", "diverged")
 METRIC_SCHEMA = {"run_id": pl.String, "epoch": pl.Int64, "step": pl.Int64, "name": pl.String, "value": pl.Float64}
 
@@ -88,18 +94,69 @@ def write_run_info(folder: Path, info: dict[str, Any]) -> None:
     atomic_write_text(folder / "run.json", json.dumps(info, indent=2, sort_keys=True))
 
 
+class CorruptRun(ValueError):
+    """A run folder whose files cannot be read back (damaged outside geocont: atomic writes never truncate)."""
+
+
+def load_run_info(folder: Path) -> dict[str, Any]:
+    """A run folder's run.json, checked to be a record with a final status (CorruptRun otherwise)."""
+    try:
+        info = json.loads((folder / "run.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CorruptRun(f"run.json is not readable JSON ({type(err).__name__})") from None
+    if not isinstance(info, dict):
+        raise CorruptRun(f"run.json holds a {type(info).__name__}, not a run record")
+    if info.get("status") not in FINAL_STATUSES or not isinstance(info.get("run_id"), str):
+        raise CorruptRun(f"run.json has no run_id or no final status (status {info.get('status')!r})")
+    return info
+
+
+_warned: set[Path] = set()
+
+
+def skip_corrupt(folder: Path, err: CorruptRun) -> None:
+    """Say once per process that a corrupt run is left out; the readers go on with the rest of the store."""
+    if folder not in _warned:
+        _warned.add(folder)
+        logging.getLogger(__name__).warning("warning: skipped %s: %s", folder, err)
+
+
 def read_run_info(store: str | Path, sweep: str, run_id: str) -> dict[str, Any] | None:
-    path = run_dir(store, sweep, run_id) / "run.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    """The run's record; None when it never finished or its run.json is corrupt (reported once)."""
+    folder = run_dir(store, sweep, run_id)
+    if not (folder / "run.json").is_file():
+        return None
+    try:
+        return load_run_info(folder)
+    except CorruptRun as err:
+        skip_corrupt(folder, err)
+        return None
 
 
 def list_run_infos(store: str | Path, sweep: str) -> list[dict[str, Any]]:
-    """run.json of every finished run of a sweep (runs that never finished have none)."""
-    return [json.loads(p.read_text()) for p in sorted((Path(store) / sweep).glob("*/run.json"))]
+    """run.json of every finished run of a sweep (runs that never finished have none; corrupt ones are reported)."""
+    infos = []
+    for path in sorted((Path(store) / sweep).glob("*/run.json")):
+        info = read_run_info(store, sweep, path.parent.name)
+        if info is not None:
+            infos.append(info)
+    return infos
 
 
 def write_sweep_spec(store: str | Path, sweep: str, text: str) -> None:
     atomic_write_text(Path(store) / sweep / "sweep.yaml", text)
+
+
+def sweep_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a sweep's folder in a store (None when it can): one folder, never a path out of it."""
+    if not SWEEP_NAME.fullmatch(name):
+        return (
+            f"{name!r} is not usable as a folder name; allowed: ASCII letters and digits, '-', '_', '.' "
+            "(starting with a letter or digit)"
+        )
+    if len(name) > SWEEP_NAME_MAX:
+        return f"{name[:20]!r}... is {len(name)} characters long; allowed: at most {SWEEP_NAME_MAX}"
+    return None
 
 
 def sweep_names(store: str | Path) -> list[str]:
@@ -136,24 +193,50 @@ _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _read_config(path: Path) -> dict[str, Any]:
-    return yaml.load(path.read_text(), Loader=_YAML_LOADER) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        config = yaml.load(path.read_text(), Loader=_YAML_LOADER)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+        raise CorruptRun(f"config.yaml is not readable YAML ({type(err).__name__})") from None
+    if not isinstance(config, dict):
+        raise CorruptRun(f"config.yaml holds a {type(config).__name__}, not a config mapping")
+    return config
+
+
+def check_sweep_name(sweep: str, option: str = "--sweep") -> None:
+    """A sweep name given on the command line names one folder of the store, never a path out of it."""
+    problem = sweep_name_problem(sweep)
+    if problem:
+        raise ConfigError([f"{option}: {problem}"])
 
 
 def _run_folders(store: str | Path, sweep: str | None) -> list[Path]:
+    if sweep is not None:
+        check_sweep_name(sweep)
     root = Path(store)
     pattern = f"{sweep}/*/run.json" if sweep else "*/*/run.json"
     return sorted(p.parent for p in root.glob(pattern))
 
 
-def _config_rows(folders: list[Path]) -> pl.DataFrame:
-    rows = []
+def _readable(folders: list[Path]) -> list[tuple[Path, dict[str, Any], dict[str, Any]]]:
+    """(folder, run.json, config.yaml) of every run whose files read back; the others are reported and left out."""
+    good = []
     for folder in folders:
-        info = json.loads((folder / "run.json").read_text())
-        config = _read_config(folder / "config.yaml")
+        try:
+            good.append((folder, load_run_info(folder), _read_config(folder / "config.yaml")))
+        except CorruptRun as err:
+            skip_corrupt(folder, err)
+    return good
+
+
+def _config_rows(runs: list[tuple[Path, dict[str, Any], dict[str, Any]]]) -> pl.DataFrame:
+    rows = []
+    for folder, info, config in runs:
         rows.append(
             {
                 "run_id": info["run_id"],
-                "sweep": info["sweep"],
+                "sweep": info.get("sweep", folder.parent.name),
                 "status": info["status"],
                 "name": info.get("name"),
                 "node": info.get("node"),
@@ -170,21 +253,46 @@ def _config_rows(folders: list[Path]) -> pl.DataFrame:
     )
 
 
-def _long_metrics(folders: list[Path]) -> pl.DataFrame:
-    """Every run's metrics with a `sweep` column: the same run_id may sit in several sweeps."""
-    files = [str(f / "metrics.parquet") for f in folders if (f / "metrics.parquet").is_file()]
+def read_metric_files(files: list[Path]) -> tuple[pl.DataFrame, list[Path]]:
+    """The long tables of `files` with a `sweep` column, and the files that would not read (left out).
+
+    One read of all files is the fast path; only when it fails is each file read alone to find the bad ones.
+    """
+    files = [f for f in files if f.is_file()]
+    try:
+        return _read_long(files), []
+    except Exception:  # polars raises several kinds for a damaged file; which one it was is told per file below
+        good, bad = [], []
+        for f in files:
+            try:
+                _read_long([f])
+                good.append(f)
+            except Exception:
+                bad.append(f)
+        return _read_long(good), bad
+
+
+def _read_long(files: list[Path]) -> pl.DataFrame:
     if not files:
         return pl.DataFrame(schema={**METRIC_SCHEMA, "sweep": pl.String})
-    frame = pl.read_parquet(files, schema=METRIC_SCHEMA, include_file_paths="_file")
+    frame = pl.read_parquet([str(f) for f in files], schema=METRIC_SCHEMA, include_file_paths="_file")
     sweep = pl.col("_file").str.split("/").list.get(-3)
     return frame.with_columns(sweep=sweep).drop("_file")
 
 
+def _usable(folders: list[Path]) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Config rows and long metrics of every readable run (a run with a damaged metrics file is left out)."""
+    runs = _readable(folders)
+    long, bad = read_metric_files([folder / "metrics.parquet" for folder, _, _ in runs])
+    for f in bad:
+        skip_corrupt(f.parent, CorruptRun("metrics.parquet is not a readable parquet file"))
+    broken = {f.parent for f in bad}
+    return _config_rows([r for r in runs if r[0] not in broken]), long
+
+
 def runs(store: str | Path = DEFAULT_STORE, sweep: str | None = None) -> pl.LazyFrame:
     """One row per finished run: ids, status, flattened config, and the final value of every metric."""
-    folders = _run_folders(store, sweep)
-    config = _config_rows(folders)
-    long = _long_metrics(folders)
+    config, long = _usable(_run_folders(store, sweep))
     if long.is_empty():
         return config.lazy()
     final = (
@@ -198,5 +306,5 @@ def runs(store: str | Path = DEFAULT_STORE, sweep: str | None = None) -> pl.Lazy
 
 def metrics(store: str | Path = DEFAULT_STORE, sweep: str | None = None) -> pl.LazyFrame:
     """The long per-epoch metrics table (run_id, epoch, step, name, value) joined with each run's config."""
-    folders = _run_folders(store, sweep)
-    return _long_metrics(folders).join(_config_rows(folders), on=["sweep", "run_id"], how="inner").lazy()
+    config, long = _usable(_run_folders(store, sweep))
+    return long.join(config, on=["sweep", "run_id"], how="inner").lazy()

@@ -56,7 +56,7 @@ def test_train_a_yaml_file_with_overrides(tmp_path):
     [
         (["train", "missing.yaml"], "CONFIG: 'missing.yaml' is neither a file nor a preset"),
         (["train", "smoke", "--set", "model.activation=swish"], "model.activation: got 'swish'; allowed:"),
-        (["train", "smoke", "--set", "model.depth=-2"], "model.depth: input should be greater than 0"),
+        (["train", "smoke", "--set", "model.depth=-2"], "model.depth: input should be greater than or equal to 2"),
         (["train", "smoke", "--set", "model.colour=red"], "model.colour: unknown key"),
         (["train", "smoke", "--set", "optim.lr=fast"], "optim.lr: input should be a valid number"),
         (["train", "smoke", "--set", "data.name=mnist", "--set", "data.path=/nowhere"], "data.path: /nowhere"),

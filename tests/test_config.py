@@ -26,7 +26,7 @@ def test_defaults_are_the_paper_mlp():
         ({"model": {"depht": 3}}, "model.depht: unknown key"),
         ({"modle": {}}, "modle: unknown key"),
         ({"model": {"activation": "swish"}}, "model.activation: got 'swish'; allowed: 'relu', 'gelu'"),
-        ({"model": {"depth": -1}}, "model.depth: input should be greater than 0"),
+        ({"model": {"depth": -1}}, "model.depth: input should be greater than or equal to 2"),
         ({"model": {"depth": "deep"}}, "model.depth: input should be a valid integer"),
         ({"model": {"kind": "cnn"}}, "model: unknown kind 'cnn'"),
         ({"optim": {"beta2": 1.5}}, "optim.beta2: input should be less than 1"),

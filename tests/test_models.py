@@ -65,7 +65,7 @@ def test_every_variant_builds_and_trains_one_step(activation, norm, residual):
 
 
 def test_block_equations():
-    cfg = MLPConfig(depth=1, width=4, activation="relu", norm="none", residual=True, bias=False)
+    cfg = MLPConfig(depth=2, width=4, activation="relu", norm="none", residual=True, bias=False)
     model = ResidualMLP(cfg, in_features=4, num_classes=2)
     block = model.blocks[0]
     h = torch.randn(2, 4)

@@ -23,7 +23,7 @@ CASES = [
     ("not-yaml", "grid: {model.activation: [relu, gelu}\n", ["not valid YAML"]),
     ("not-a-mapping", None, ["expected a mapping"]),
     ("missing-name", "!drop-name", ["name: field required"]),
-    ("bad-name", "!name my sweep", ["name: 'my sweep' is not usable as a folder name", "allowed: letters"]),
+    ("bad-name", "!name my sweep", ["name: 'my sweep' is not usable as a folder name", "allowed: ASCII letters"]),
     ("reserved-name", "!name single", ["name: 'single' is reserved"]),
     (
         "unknown-top-key",
@@ -52,7 +52,7 @@ CASES = [
     ("duplicate-seeds", "seeds: [0, 1, 1]\n", ["seeds: 1 listed more than once"]),
     ("negative-seed", "seeds: [0, -3]\n", ["seeds.1: -3 is negative"]),
     ("non-int-seed", "seeds: [0, one]\n", ["seeds.1", "valid integer"]),
-    ("bad-base-value", "!base-depth -2", ["base.model.depth", "greater than 0"]),
+    ("bad-base-value", "!base-depth -2", ["base.model.depth", "greater than or equal to 2"]),
     ("unknown-base-key", "!base-key", ["base.model.dept: unknown key; allowed under model: kind, depth"]),
     ("zero-cpu", "resources: {cpu: 0}\n", ["resources.cpu", "greater than 0"]),
     ("negative-gpu", "resources: {cpu: 1, gpu: -0.5}\n", ["resources.gpu", "greater than or equal to 0"]),

@@ -15,9 +15,18 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
-from geocont.config import ROLES, ConfigError, deep_merge, describe_errors, parse_overrides, read_yaml
+from geocont.config import (
+    ROLES,
+    ConfigError,
+    Number,
+    deep_merge,
+    describe_errors,
+    parse_overrides,
+    parse_yaml,
+    read_yaml,
+)
+from geocont.store import sweep_name_problem
 
-NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 RESERVED_NAMES = ("single",)  # `geocont train` writes single runs there
 
 # Metrics that train() reports and a search may optimise (docs/contracts.md's names); transformers add
@@ -38,8 +47,8 @@ class _Strict(BaseModel):
 class Resources(_Strict):
     """Per trial. Fractions of a GPU share one device between trials; more than one GPU is refused."""
 
-    cpu: float = Field(1.0, gt=0)
-    gpu: float = Field(0.0, ge=0)
+    cpu: Number = Field(1.0, gt=0)
+    gpu: Number = Field(0.0, ge=0)
 
     def threads(self) -> int:
         """torch threads for one trial: its whole CPUs, at least one."""
@@ -133,7 +142,7 @@ def with_overrides(path: str | Path, pairs: list[str]) -> tuple[SweepConfig, str
 
 def sweep_from_text(text: str, source: str) -> SweepConfig:
     """The sweep stored in a results store (sweep.yaml as launched)."""
-    return parse_sweep(yaml.safe_load(text) or {}, source)
+    return parse_sweep(parse_yaml(text, source) or {}, source)
 
 
 def _with_source(source: str, line: str) -> str:
@@ -156,8 +165,9 @@ def _say_allowed(line: str) -> str:
 def shape_problems(sweep: SweepConfig) -> list[str]:
     """Checks on the sweep's own fields that pydantic's types cannot say."""
     problems = []
-    if not NAME_PATTERN.fullmatch(sweep.name):
-        problems.append(f"name: {sweep.name!r} is not usable as a folder name; allowed: letters, digits, '-', '_', '.'")
+    bad_name = sweep_name_problem(sweep.name)
+    if bad_name:
+        problems.append(f"name: {bad_name}")
     elif sweep.name in RESERVED_NAMES:
         problems.append(f"name: {sweep.name!r} is reserved for single runs; choose another name")
     problems += _seed_problems(sweep.seeds)

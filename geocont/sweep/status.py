@@ -11,7 +11,7 @@ from pathlib import Path
 import polars as pl
 
 from geocont import store as results
-from geocont.config import ConfigError
+from geocont.config import ConfigError, read_text
 from geocont.sweep.grid import expand
 from geocont.sweep.live import Row
 from geocont.sweep.spec import SweepConfig, sweep_from_text
@@ -19,11 +19,12 @@ from geocont.sweep.spec import SweepConfig, sweep_from_text
 
 def stored_sweep(store: str | Path, name: str) -> tuple[SweepConfig, str]:
     """The sweep as launched (`<store>/<name>/sweep.yaml`) and its text."""
+    results.check_sweep_name(name, "SWEEP_NAME")
     spec = Path(store) / name / "sweep.yaml"
     if not spec.is_file():
         known = [s for s in results.sweep_names(store) if (Path(store) / s / "sweep.yaml").is_file()]
         raise ConfigError([f"{name}: no sweep of that name in {store}; sweeps there: {', '.join(known) or 'none'}"])
-    text = spec.read_text()
+    text = read_text(spec)
     return sweep_from_text(text, str(spec)), text
 
 
