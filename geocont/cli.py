@@ -27,7 +27,8 @@ app = typer.Typer(
 )
 results_app = typer.Typer(help="Query the results store (reads only local files).", no_args_is_help=True)
 
-StoreOption = Annotated[Path, typer.Option("--store", help="Results store folder.")]
+# A plain string, not a Path: Path("") is ".", and `--store ''` must be an error, not the current folder.
+StoreOption = Annotated[str, typer.Option("--store", help="Results store folder.")]
 
 
 class Format(str, Enum):
@@ -45,25 +46,23 @@ class Paper(str, Enum):
 def train(
     config: Annotated[str, typer.Argument(help="A run config YAML file, or a preset name (see `geocont list`).")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field: dotted.path=value.")] = None,
-    store: StoreOption = Path("geocont-results"),
+    store: StoreOption = "geocont-results",
     progress: Annotated[bool, typer.Option(help="Show Lightning's progress bar.")] = True,
 ) -> None:
-    """Train one run and record it in the store under the sweep name `single`."""
-    from geocont.config import load_run, parse_overrides, preset_names, resolve
+    """Train one run and record it in the store under the sweep name `single`.
 
-    if Path(config).is_file():
-        cfg = load_run(config, set_)
-    elif config in preset_names():
-        cfg = resolve({"preset": config}, parse_overrides(set_ or []))
-    else:
-        raise ConfigError([f"CONFIG: {config!r} is neither a file nor a preset; presets: {', '.join(preset_names())}"])
-
+    Re-running a finished run trains aside and replaces it only when the new attempt finishes too.
+    """
+    cfg = _run_config(config, set_ or [], store)
     from geocont.train import train as run_training
 
-    result = run_training(cfg, store, progress=progress)
+    result = run_training(cfg, Path(store), progress=progress)
     typer.echo(f"{result.status}: run {result.run_id} -> {result.run_dir}")
     if result.error:
         typer.echo(f"error: {result.error}", err=True)
+    kept = Path(store) / "single" / result.run_id
+    if result.run_dir != kept:
+        typer.echo(f"the finished result in {kept} is kept; this attempt is in {result.run_dir}", err=True)
     from geocont.results import KEY_METRICS, markdown, role_table
 
     for name in KEY_METRICS:
@@ -74,6 +73,31 @@ def train(
         typer.echo(markdown(roles))
     if result.status == "failed":
         raise typer.Exit(1)
+
+
+def _run_config(config: str, sets: list[str], store: str):
+    """The resolved config and a usable store, or one ConfigError naming every problem of both."""
+    from geocont.config import load_run, parse_overrides, preset_names, resolve
+    from geocont.store import check_writable
+
+    problems, cfg = [], None
+    try:
+        if Path(config).is_file():
+            cfg = load_run(config, sets)
+        elif config in preset_names():
+            cfg = resolve({"preset": config}, parse_overrides(sets))
+        else:
+            presets = ", ".join(preset_names())
+            problems.append(f"CONFIG: {config!r} is neither a file nor a preset; presets: {presets}")
+    except ConfigError as err:
+        problems += err.problems
+    try:
+        check_writable(store)
+    except ConfigError as err:
+        problems += err.problems
+    if problems:
+        raise ConfigError(problems)
+    return cfg
 
 
 @app.command("list")
@@ -89,7 +113,7 @@ def list_presets() -> None:
 
 @results_app.command("runs")
 def results_runs(
-    store: StoreOption = Path("geocont-results"),
+    store: StoreOption = "geocont-results",
     sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
 ) -> None:
@@ -101,7 +125,7 @@ def results_runs(
 
 @results_app.command("table")
 def results_table(
-    store: StoreOption = Path("geocont-results"),
+    store: StoreOption = "geocont-results",
     sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
     paper: Annotated[Paper | None, typer.Option(help="Put the paper's values beside the reproduced ones.")] = None,
@@ -120,9 +144,14 @@ def results_table(
     typer.echo(render(mean_std_columns(table) if format == Format.md else table, format.value))
 
 
-def _collect_runs(store: Path, sweep: str | None):
+def _collect_runs(store_arg: str, sweep: str | None):
     from geocont import store as results_store
 
+    if store_arg == "":
+        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
+    store = Path(store_arg)
+    if sweep is not None:
+        results_store.check_sweep_name(sweep)
     if not store.is_dir():
         raise ConfigError([f"--store: {store} is not a results store (no such folder)"])
     if sweep is not None and not (store / sweep).is_dir():

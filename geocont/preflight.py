@@ -1,8 +1,9 @@
-"""Checks of the machine a run will use, made before anything is written or started.
+"""Checks of a run against the world, made before anything is written or started.
 
-Config validation (config.py) can only see the YAML; these look at the environment: whether the GPU a
-run asks for is visible, and whether an online wandb run has a key to log in with. Each raises
-ConfigError, so the CLI answers with one line and exit code 2 instead of a trial that fails later.
+Config validation (config.py) can only see the YAML; these look at what the run needs: the GPU it asks
+for, an API key for an online wandb run, data that reads back cleanly and a model that can be
+allocated. Each problem is one ConfigError line, so the CLI answers with exit code 2 instead of a trial
+that fails later (and `geocont sweep launch` runs the same checks before Ray starts).
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from geocont.config import ConfigError, RunConfig
+from geocont.data.source import data_problems
 
 WANDB_DEFAULT_HOST = "api.wandb.ai"
+BYTES_PER_PARAMETER = 16  # fp32 weight, its gradient and Adam's two moments
+MAX_IMAGE_FEATURES = 28 * 28  # MNIST's, the largest input of the image sets
+BYTE_VOCAB = 256
+# A cluster's nodes are unknown before Ray connects: only what no machine could hold is refused up front
+# (the trial checks again on its node).
+CLUSTER_NODE_MAX_MEMORY = 2**44  # 16 TiB
 
 
 def check_run(cfg: RunConfig, accelerator: str | None = None) -> None:
-    """Every environment problem of one run at once (ConfigError), or nothing."""
+    """Every problem of one run at once (ConfigError), or nothing."""
     problems = accelerator_problems(accelerator or cfg.train.accelerator)
     problems += wandb_problems(cfg.tracking.wandb.mode)
+    problems += run_problems(cfg)
     if problems:
         raise ConfigError(problems)
 
@@ -59,3 +68,37 @@ def has_wandb_key() -> bool:
     except (OSError, netrc.NetrcParseError):
         return False
     return bool(entry and entry[2])
+
+
+def run_problems(cfg: RunConfig, memory: int | None = None) -> list[str]:
+    """Problems that only the run's data or the memory it trains in (default: this machine's) can show."""
+    return size_problems(cfg, memory) + data_problems(cfg.data)
+
+
+def parameter_count(cfg: RunConfig) -> int:
+    """About how many parameters the config's model has (an upper bound for the image sets' inputs)."""
+    m = cfg.model
+    if m.kind == "mlp":
+        return m.depth * m.width * (m.width + 1) + m.width * (MAX_IMAGE_FEATURES + 11)
+    vocab = cfg.data.vocab_size if cfg.data.tokenizer == "bpe" else BYTE_VOCAB
+    block = 4 * m.width * m.width + 3 * m.width * m.mlp_width  # attention projections + gated MLP
+    return m.depth * block + 2 * vocab * m.width  # embedding and head
+
+
+def machine_memory() -> int:
+    """Bytes of physical memory on this machine."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def size_problems(cfg: RunConfig, memory: int | None = None) -> list[str]:
+    """A model that cannot be allocated: one line naming its sizes (a GPU has less memory still)."""
+    memory = memory or machine_memory()
+    need = parameter_count(cfg) * BYTES_PER_PARAMETER
+    if need <= memory:
+        return []
+    m = cfg.model
+    sizes = f"depth {m.depth}, width {m.width}" + (f", mlp_width {m.mlp_width}" if m.kind == "transformer" else "")
+    return [
+        f"model: {sizes} has about {parameter_count(cfg):.2g} parameters, {need / 1e9:.3g} GB to train; "
+        f"this machine has {memory / 1e9:.3g} GB; allowed: a model that fits in memory"
+    ]

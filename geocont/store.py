@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,79 @@ def atomic_write_parquet(path: str | Path, frame: pl.DataFrame) -> None:
 
 def run_dir(store: str | Path, sweep: str, run_id: str) -> Path:
     return Path(store) / sweep / run_id
+
+
+RESULTS = ("completed", "diverged")  # finished results: what no later command may lose
+ATTEMPTS = ".attempts"  # <store>/<sweep>/.attempts/: re-runs of a finished run, until they finish
+
+
+def result_info(folder: Path) -> dict[str, Any] | None:
+    """run.json of the folder's run when it holds a finished result (completed or diverged), else None."""
+    try:
+        info = load_run_info(folder) if (folder / "run.json").is_file() else None
+    except CorruptRun:
+        return None
+    return info if info is not None and info["status"] in RESULTS else None
+
+
+def recorded_fingerprint(folder: Path) -> str | None:
+    """The data fingerprint a run recorded in its config.yaml (None: no data.path, or recorded before fingerprints)."""
+    try:
+        return _read_config(folder / "config.yaml").get("data_fingerprint")
+    except CorruptRun:
+        return None
+
+
+def new_attempt(store: str | Path, sweep: str, run_id: str) -> Path:
+    """A fresh folder beside the sweep's runs for a re-run of `run_id`; readers never look inside .attempts."""
+    parent = Path(store) / sweep / ATTEMPTS
+    parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{run_id}.", dir=parent))
+
+
+def replace_dir(new: Path, old: Path) -> None:
+    """Put folder `new` where folder `old` is, then delete what was there.
+
+    On Linux the two are exchanged in one atomic rename (RENAME_EXCHANGE): a reader, or a kill at any
+    moment, sees the old run or the new one, never neither. Elsewhere two renames leave a short window in
+    which the old run sits in .attempts/ (moved, not deleted).
+    """
+    if not _exchange(new, old):
+        aside = new.with_name(new.name + ".old")
+        os.rename(old, aside)
+        os.rename(new, old)
+        new = aside
+    shutil.rmtree(new)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    import ctypes
+
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):  # not glibc >= 2.28
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
+def check_writable(store: str | Path, option: str = "--store") -> None:
+    """A store folder that exists or can be made and takes files; checked before any work starts.
+
+    Probed by creating (and removing) a file in the nearest existing folder: permission bits do not tell
+    for root, read-only mounts or network file systems.
+    """
+    path = Path(store)
+    if str(store) == "":
+        raise ConfigError([f"{option}: empty; give a folder, e.g. {option} {DEFAULT_STORE}"])
+    existing = next(p for p in (path, *path.absolute().parents) if p.exists())
+    if not existing.is_dir():
+        what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
+        raise ConfigError([f"{option} {store}: {what}; expected a folder (created when missing)"])
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise ConfigError([f"{option} {store}: not writable ({err.strerror} in {existing})"]) from None
 
 
 def write_config(folder: Path, config: dict[str, Any]) -> None:
