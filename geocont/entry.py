@@ -22,8 +22,15 @@ def run(app: typer.Typer) -> None:
         sys.exit(130)
     except Exception as err:
         # Usage errors: typer vendors its own click, so `click.ClickException` would not match them.
-        if hasattr(err, "show") and isinstance(getattr(err, "exit_code", None), int):
-            err.show()
+        if hasattr(err, "format_message") and isinstance(getattr(err, "exit_code", None), int):
+            typer.echo(f"error: {_one_line(err)}", err=True)
             sys.exit(err.exit_code)
         raise
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _one_line(err: Exception) -> str:
+    """A usage error as one line, with the command whose --help explains it (click prints a usage block)."""
+    message = " ".join(err.format_message().split())
+    ctx = getattr(err, "ctx", None)
+    return f"{message} (see {ctx.command_path} --help)" if ctx is not None else message

@@ -14,7 +14,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from geocont.config import ConfigError, RunConfig
-from geocont.data.source import data_problems
+from geocont.datafiles import data_problems
 
 WANDB_DEFAULT_HOST = "api.wandb.ai"
 BYTES_PER_PARAMETER = 16  # fp32 weight, its gradient and Adam's two moments

@@ -135,22 +135,29 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 def check_writable(store: str | Path, option: str = "--store") -> None:
-    """A store folder that exists or can be made and takes files; checked before any work starts.
+    """A store folder that exists or can be made and takes files; checked before any work starts."""
+    if str(store) == "":
+        raise ConfigError([f"{option}: empty; give a folder, e.g. {option} {DEFAULT_STORE}"])
+    why = unwritable_folder(Path(store))
+    if why:
+        raise ConfigError([f"{option} {store}: {why}"])
+
+
+def unwritable_folder(path: Path) -> str | None:
+    """Why files cannot be written in folder `path` (made when missing), or None when they can.
 
     Probed by creating (and removing) a file in the nearest existing folder: permission bits do not tell
     for root, read-only mounts or network file systems.
     """
-    path = Path(store)
-    if str(store) == "":
-        raise ConfigError([f"{option}: empty; give a folder, e.g. {option} {DEFAULT_STORE}"])
     existing = next(p for p in (path, *path.absolute().parents) if p.exists())
     if not existing.is_dir():
         what = "is a file" if existing == path else f"cannot be made: {existing} is a file"
-        raise ConfigError([f"{option} {store}: {what}; expected a folder (created when missing)"])
+        return f"{what}; expected a folder (created when missing)"
     try:
         tempfile.TemporaryFile(dir=existing).close()
     except OSError as err:
-        raise ConfigError([f"{option} {store}: not writable ({err.strerror} in {existing})"]) from None
+        return f"not writable ({err.strerror} in {existing})"
+    return None
 
 
 def write_config(folder: Path, config: dict[str, Any]) -> None:

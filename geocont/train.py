@@ -19,7 +19,7 @@ from typing import Any
 
 from geocont import store
 from geocont.config import ConfigError, RunConfig
-from geocont.data.source import fingerprint
+from geocont.datafiles import fingerprint
 from geocont.lit.progress import MetricsHook
 
 LOG_EVERY_N_STEPS = 10  # train/loss to the loggers every 10 batches

@@ -70,6 +70,8 @@ def _shareable(path: Path) -> None:
 
 
 def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: list[Path]) -> None:
+    from geocont.store import unwritable_folder
+
     problems = []
     if not store.is_dir() and not analysis:
         problems.append(f"--store {store}: no such folder (a results store, e.g. geocont-results)")
@@ -77,8 +79,10 @@ def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: lis
         problems.append(f"--output {output}: expected an .html file name")
     if output.exists() and output.is_dir():
         problems.append(f"--output {output}: is a folder; expected an .html file name")
-    if figures is not None and figures.exists() and not figures.is_dir():
-        problems.append(f"--figures {figures}: exists and is not a folder")
+    elif (why := unwritable_folder(output.parent)) is not None:
+        problems.append(f"--output {output}: its folder {output.parent} {why}")
+    if figures is not None and (why := unwritable_folder(figures)) is not None:
+        problems.append(f"--figures {figures}: {why}")
     problems += [f"--analysis {p}: no such file" for p in analysis if not p.is_file()]
     if problems:
         raise ConfigError(problems)

@@ -22,7 +22,8 @@ sweep_app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-StoreOption = Annotated[Path, typer.Option("--store", help="Results store folder.")]
+# A string, not a Path: Path("") is ".", and `--store ''` must be an error, not the current folder.
+StoreOption = Annotated[str, typer.Option("--store", help="Results store folder.")]
 AddressOption = Annotated[
     str | None,
     typer.Option("--address", help="A Ray cluster: auto, host:port or ray://host:10001. Absent: a local Ray."),
@@ -36,50 +37,72 @@ ConcurrencyOption = Annotated[
 def launch(
     sweep_file: Annotated[Path, typer.Argument(help="The sweep YAML file.", metavar="SWEEP.yaml")],
     address: AddressOption = None,
-    store: StoreOption = Path(DEFAULT_STORE),
+    store: StoreOption = DEFAULT_STORE,
     max_concurrent: ConcurrencyOption = None,
     set_: Annotated[
         list[str] | None,
         typer.Option("--set", help="Override a sweep field: name=..., base.preset=..., resources.gpu=1, seeds=[0,1]."),
     ] = None,
 ) -> None:
-    """Run every trial of SWEEP.yaml that the store does not hold yet (a finished sweep runs nothing)."""
+    """Run every trial of SWEEP.yaml that the store does not hold yet (a finished sweep runs nothing).
+
+    A name already in the store takes the same trials only: a different grid is refused, naming the difference.
+    """
+    from geocont.sweep.checks import check_launch, load_launch
+
+    sweep, text = load_launch(sweep_file, set_ or [])
+    check_launch(sweep, store, address)  # before Ray starts: bad input writes nothing
     from geocont.sweep import ray_runner
 
-    options = {"address": address, "max_concurrent": max_concurrent, "overrides": set_}
-    _report(lambda view: ray_runner.launch(sweep_file, store, view=view, **options))
+    options = {"address": address, "max_concurrent": max_concurrent}
+    _report(lambda view: ray_runner.run_sweep(sweep, text, Path(store), view=view, **options))
 
 
 @sweep_app.command()
 def resume(
     name: Annotated[str, typer.Argument(help="The sweep's name (its folder in the store).")],
     address: AddressOption = None,
-    store: StoreOption = Path(DEFAULT_STORE),
+    store: StoreOption = DEFAULT_STORE,
     max_concurrent: ConcurrencyOption = None,
 ) -> None:
     """Finish a sweep from the store alone (its sweep.yaml), e.g. after the driver was killed."""
+    from geocont.sweep.checks import check_launch
+    from geocont.sweep.status import stored_sweep
+
+    sweep, text = stored_sweep(_existing_store(store), name)
+    check_launch(sweep, store, address, relaunch=False)
     from geocont.sweep import ray_runner
 
     options = {"address": address, "max_concurrent": max_concurrent}
-    _report(lambda view: ray_runner.resume(name, store, view=view, **options))
+    _report(lambda view: ray_runner.run_sweep(sweep, text, Path(store), view=view, **options))
 
 
 @sweep_app.command()
 def status(
     name: Annotated[str, typer.Argument(help="The sweep's name (its folder in the store).")],
-    store: StoreOption = Path(DEFAULT_STORE),
+    store: StoreOption = DEFAULT_STORE,
 ) -> None:
     """Counts by status and a table of the sweep's trials, read from the store (works while it runs)."""
     from geocont.sweep.live import METRICS, summary, table
     from geocont.sweep.status import sweep_rows
 
-    sweep, rows, counts = sweep_rows(store, name)
+    sweep, rows, counts = sweep_rows(_existing_store(store), name)
     console = _stdout()
     console.print(f"sweep {name}: {sum(counts.values())} trials  ", summary(counts), highlight=False)
     metric = sweep.search.metric if sweep.search else None
     console.print(table(rows, dict.fromkeys(m for m in (metric, *METRICS) if m), run_ids=True))
     if counts.get("pending") or counts.get("failed") or counts.get("started"):
         console.print(f"to finish it: geocont sweep resume {name} --store {store}", style="dim", highlight=False)
+
+
+def _existing_store(store: str) -> Path:
+    from geocont.config import ConfigError
+
+    if store == "":
+        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
+    if not Path(store).is_dir():
+        raise ConfigError([f"--store {store}: no such folder (a results store, e.g. geocont-results)"])
+    return Path(store)
 
 
 def _stdout() -> Console:

@@ -1,0 +1,175 @@
+"""What `sweep launch` and `sweep resume` check before Ray starts: bad input is exit 2 with nothing written.
+
+- the store takes files, and `--address` answers (an address with nothing listening made Ray retry forever);
+- every trial's data reads back and its model fits in memory (geocont.preflight);
+- a sweep name already in the store is launched with the same trials: a different grid is refused with
+  the difference named (docs/store-safety.md), never written over the stored sweep.yaml;
+- the data of every finished trial is still the data it was trained on (the fingerprint in config.yaml).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+from geocont import store as results
+from geocont.config import ConfigError, RunConfig, read_text
+from geocont.datafiles import fingerprint
+from geocont.preflight import run_problems
+from geocont.sweep.grid import base_raw, expand, format_value
+from geocont.sweep.spec import SweepConfig
+
+CONNECT_TIMEOUT_S = 5.0
+# Fields that change neither which trials run nor what they compute: a re-launch may change them.
+FREE_FIELDS = ("resources", "retries", "tracking")
+
+
+def load_launch(path: Path, overrides: list[str]) -> tuple[SweepConfig, str]:
+    """SWEEP.yaml (+ `--set` pairs) validated, and the text to record as launched."""
+    from geocont.sweep.spec import load_sweep, with_overrides
+
+    if overrides:
+        return with_overrides(path, overrides)
+    sweep = load_sweep(path)
+    return sweep, read_text(path)
+
+
+def check_launch(sweep: SweepConfig, store: str, address: str | None, relaunch: bool = True) -> None:
+    """Every problem of launching `sweep` into `store` through `address`, as one ConfigError."""
+    problems = _collect(results.check_writable, store) + address_problems(address)
+    if not problems and relaunch:
+        problems += _collect(same_trials, sweep, Path(store))
+    configs = [t.config for t in expand(sweep)] if sweep.search is None else [_search_base(sweep)]
+    problems += config_problems(configs)
+    if not problems and sweep.search is None:
+        problems += data_changed(sweep, Path(store))
+    if problems:
+        raise ConfigError(problems)
+
+
+def _collect(check, *args: Any) -> list[str]:
+    try:
+        check(*args)
+    except ConfigError as err:
+        return err.problems
+    return []
+
+
+def address_problems(address: str | None) -> list[str]:
+    """The cluster at `address` must answer a TCP connect within seconds (Ray itself retries for minutes)."""
+    if address in (None, "local"):
+        return []
+    target = _auto_address() if address == "auto" else address.removeprefix("ray://")
+    if isinstance(target, list):
+        return target
+    host, sep, port = target.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return [f"--address {address}: expected auto, host:port or ray://host:port"]
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        return [
+            f"--address {address}: nothing answers at {host}:{port} ({reason}); start the cluster with "
+            "`ray start --head`, or leave --address out for a local Ray"
+        ]
+    return []
+
+
+def _auto_address() -> str | list[str]:
+    """The host:port `ray.init(address="auto")` would connect to, or the one-line problem of finding none."""
+    from ray._private.services import canonicalize_bootstrap_address_or_die
+
+    try:
+        return canonicalize_bootstrap_address_or_die("auto")
+    except ConnectionError as err:
+        reason = str(err).splitlines()[0] if str(err) else "none found"
+        return [f"--address auto: no running Ray cluster on this machine ({reason}); start one with `ray start --head`"]
+
+
+def config_problems(configs: list[RunConfig]) -> list[str]:
+    """Data and size problems of the trials, each distinct problem once (trials share their data)."""
+    seen: dict[str, None] = {}
+    checked = set()
+    for cfg in configs:
+        key = (cfg.data, cfg.model)
+        if key not in checked:
+            checked.add(key)
+            seen.update(dict.fromkeys(run_problems(cfg)))
+    return [f"base: {line}" if line.startswith(("data.", "model")) else line for line in seen]
+
+
+def _search_base(sweep: SweepConfig) -> RunConfig:
+    from geocont.config import resolve
+
+    return resolve(base_raw(sweep))
+
+
+# ---------------------------------------------------------------------------------------------
+# A sweep name already in the store
+
+
+def same_trials(sweep: SweepConfig, store: Path) -> None:
+    """Refuse a launch whose trials differ from those of the sweep already stored under its name."""
+    if not (store / sweep.name / "sweep.yaml").is_file():
+        return
+    from geocont.sweep.status import stored_sweep
+
+    old, _ = stored_sweep(store, sweep.name)
+    if sweep.search is None and old.search is None:
+        if {t.run_id for t in expand(old)} == {t.run_id for t in expand(sweep)}:
+            return  # other spellings of the same trials, or only resources, retries or tracking changed
+    lines = differences(old, sweep)
+    if lines:
+        where = f"sweep {sweep.name!r} in {store}"
+        raise ConfigError(
+            [f"{line}; {where} was launched with other trials: launch this one under a new name" for line in lines]
+        )
+
+
+def differences(old: SweepConfig, new: SweepConfig) -> list[str]:
+    """'grid.model.activation: stored [relu, gelu], now [relu, gelu, silu]' for each field that differs."""
+    a, b = _comparable(old), _comparable(new)
+    lines = []
+    for key in sorted(set(a) | set(b), key=lambda k: list(b).index(k) if k in b else len(b)):
+        if a.get(key) != b.get(key):
+            lines.append(f"{key}: stored {_show(a.get(key))}, now {_show(b.get(key))}")
+    return lines or ["grid: the trials differ"]
+
+
+def _comparable(sweep: SweepConfig) -> dict[str, Any]:
+    dump = sweep.model_dump(mode="json", exclude=set(FREE_FIELDS))
+    flat = results.flatten({k: v for k, v in dump.items() if k != "grid"})
+    flat.update({f"grid.{axis}": values for axis, values in dump["grid"].items()})  # axes are dotted already
+    flat.pop("search.n_trials", None)  # a search may be given more trials: the study goes on
+    return flat
+
+
+def _show(value: Any) -> str:
+    return "(none)" if value is None else format_value(value)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data that changed under finished trials
+
+
+def data_changed(sweep: SweepConfig, store: Path) -> list[str]:
+    """One line per data.path whose files differ from those finished trials were trained on."""
+    digests: dict[Any, str | None] = {}
+    changed: dict[str, list[str]] = {}
+    for trial in expand(sweep):
+        folder = results.run_dir(store, sweep.name, trial.run_id)
+        if results.result_info(folder) is None:
+            continue
+        data = trial.config.data
+        if data not in digests:
+            digests[data] = fingerprint(data)
+        recorded = results.recorded_fingerprint(folder)
+        if recorded is not None and digests[data] is not None and recorded != digests[data]:
+            changed.setdefault(str(data.path), []).append(trial.run_id)
+    return [
+        f"data.path: the files in {path} changed since {len(ids)} finished trial(s) of sweep {sweep.name!r} were "
+        f"trained on them (run {ids[0]}, ...); restore them, or launch under a new sweep name"
+        for path, ids in changed.items()
+    ]
