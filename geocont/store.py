@@ -15,10 +15,10 @@ diverged): a run without one never finished. This module knows neither Ray nor L
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -199,7 +199,7 @@ def skip_corrupt(folder: Path, err: CorruptRun) -> None:
     """Say once per process that a corrupt run is left out; the readers go on with the rest of the store."""
     if folder not in _warned:
         _warned.add(folder)
-        logging.getLogger(__name__).warning("warning: skipped %s: %s", folder, err)
+        print(f"warning: skipped {folder}: {err}", file=sys.stderr)  # a terminal line, whatever logging is set up
 
 
 def read_run_info(store: str | Path, sweep: str, run_id: str) -> dict[str, Any] | None:

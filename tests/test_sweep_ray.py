@@ -57,6 +57,20 @@ def write_idx_mnist(folder: Path, n_train: int = 64, n_val: int = 32) -> None:
         (folder / f"{split}-labels-idx1-ubyte").write_bytes(struct.pack(">2I", 0x801, n) + labels.tobytes())
 
 
+# A tiny transformer on a two-file corpus whose train split holds fewer blocks than one batch: valid as a
+# config and as files, it fails inside the trial, once the corpus is tokenized.
+SHORT_TEXT = {
+    "model.kind": "transformer", "model.width": 16, "model.heads": 2, "model.kv_heads": 2, "model.mlp_width": 32,
+    "data.name": "text", "data.path": "corpus", "data.seq_len": 64,
+}  # fmt: skip
+
+
+def write_short_corpus(folder: Path) -> None:
+    folder.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (folder / name).write_text("geometric continuity " * 50)  # ~1 KB each: 16 blocks of 64 < a batch of 128
+
+
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]:
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
@@ -89,7 +103,7 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
         name="local",
         grid={"model.activation": ["relu", "none"]},
         include=[
-            {"model.depth": 1},  # raises inside training (continuity needs two layers): retried, then failed
+            SHORT_TEXT,  # found only once the corpus is tokenized (fewer blocks than one batch): retried, then failed
             {"model.activation": "none", "optim.name": "sgd", "optim.lr": 1.0e8},  # non-finite loss: diverged
             {"data.name": "mnist", "data.path": "mnist"},  # relative to the CLI's folder, not Tune's trial folder
         ],
@@ -98,6 +112,7 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
         tracking={"wandb": {"mode": "offline", "project": "geocont"}, "tensorboard": False},
     )
     write_idx_mnist(tmp_path / "mnist")
+    write_short_corpus(tmp_path / "corpus")
     proc = geocont("launch", path.name, "--store", "store", cwd=tmp_path)
     store = tmp_path / "store"
     code, out, err = finish(proc)
@@ -105,12 +120,12 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
     trials = {t.name: t for t in expand(load_sweep(path))}
     infos = run_infos(store, "local")
     status = {name: infos[t.run_id]["status"] for name, t in trials.items()}
-    failed = next(n for n, s in status.items() if "depth=1" in n)
+    failed = next(n for n, s in status.items() if "kind=transformer" in n)
     diverged = next(n for n in status if "optim=sgd" in n)
     assert any("data=mnist path=mnist" in n for n in status)
     assert status.pop(failed) == "failed" and status.pop(diverged) == "diverged"
     assert set(status.values()) == {"completed"} and len(status) == 3
-    assert "at least two layers" in infos[trials[failed].run_id]["error"]
+    assert "fewer than one batch" in infos[trials[failed].run_id]["error"]
     retried = next(line for line in out.splitlines() if line.startswith("retried:"))
     assert f"{trials[failed].run_id} (2 attempts)" in retried and trials[diverged].run_id not in retried
     for name, t in trials.items():
