@@ -102,10 +102,11 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepConfig:
     except ValidationError as err:
         raise ConfigError([_with_source(source, _say_allowed(line)) for line in describe_errors(err)]) from None
     problems = shape_problems(sweep)
-    if not problems:
+    # A bad name, seed or resource does not stop the grid's checks: every problem of the file at once.
+    if not any(line.startswith(("grid.", "search")) for line in problems):
         from geocont.sweep.grid import check  # grid builds on this module; imported late to avoid a cycle
 
-        problems = check(sweep)
+        problems += check(sweep)
     if problems:
         raise ConfigError([_with_source(source, line) for line in problems])
     return sweep
