@@ -141,7 +141,7 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
     code, out, _ = finish(geocont("status", "local", "--store", str(store)))
     assert code == 0
     assert "1 failed" in out and "1 diverged" in out and "3 completed" in out
-    assert "ValueError" in out  # the error, in the note column
+    assert "ConfigError" in out  # the error, in the note column
 
 
 def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):

@@ -93,6 +93,8 @@ def trial_name(config: RunConfig, keys: list[str]) -> str:
     leaves = [k.split(".")[-2] if k.endswith(".name") and "." in k else k.rsplit(".", 1)[-1] for k in keys]
     parts = []
     for key, leaf in zip(keys, leaves):
+        if not _has_dotted(tree, key):  # an include of another model kind names fields this trial lacks
+            continue
         label = SHORT_NAMES.get(leaf, leaf) if leaves.count(leaf) == 1 else key
         parts.append(f"{label}={format_value(get_dotted(tree, key))}")
     return " ".join([*parts, f"seed={config.train.seed}"])
@@ -115,6 +117,14 @@ def get_dotted(tree: dict[str, Any], path: str) -> Any:
     for key in path.split("."):
         node = node[key]
     return node
+
+
+def _has_dotted(tree: dict[str, Any], path: str) -> bool:
+    try:
+        get_dotted(tree, path)
+    except (KeyError, TypeError):
+        return False
+    return True
 
 
 def to_tree(overrides: dict[str, Any]) -> dict[str, Any]:
