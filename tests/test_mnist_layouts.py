@@ -12,7 +12,7 @@ import torch
 from test_bad_input import write_idx
 
 from geocont.config import ConfigError, DataConfig
-from geocont.data.mnist import MNISTDataModule, load_splits, mnist_files
+from geocont.data.mnist import MNISTDataModule
 
 REAL_MNIST = Path("/work/shared/mnist")
 STEMS = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
@@ -31,6 +31,12 @@ def write_layout(root: Path, folder: str, dotted: bool, gz: bool) -> np.ndarray:
     return labels
 
 
+def loaded(folder: Path) -> MNISTDataModule:
+    dm = MNISTDataModule(DataConfig(name="mnist", path=str(folder)), batch_size=64, seed=0)
+    dm.setup()
+    return dm
+
+
 LAYOUTS = [(folder, dotted, gz) for folder in (".", "MNIST/raw") for dotted in (False, True) for gz in (False, True)]
 
 
@@ -41,16 +47,16 @@ LAYOUTS = [(folder, dotted, gz) for folder in (".", "MNIST/raw") for dotted in (
 )
 def test_every_layout_loads_the_same_data(tmp_path, folder, dotted, gz):
     labels = write_layout(tmp_path, folder, dotted, gz)
-    (x_train, y_train), (x_val, y_val) = load_splits(tmp_path)
-    assert x_train.shape == (30, 784) and x_val.shape == (12, 784)
-    assert torch.equal(y_train, torch.from_numpy(labels).long())
+    dm = loaded(tmp_path)
+    assert dm.x_train.shape == (30, 784) and dm.x_val.shape == (12, 784)
+    assert torch.equal(dm.y_train, torch.from_numpy(labels).long())
 
 
 def test_a_missing_file_names_every_spelling_tried(tmp_path):
     write_layout(tmp_path, ".", dotted=False, gz=False)
     (tmp_path / "t10k-labels-idx1-ubyte").unlink()
     with pytest.raises(ConfigError) as err:
-        mnist_files(tmp_path)
+        loaded(tmp_path)
     assert err.value.problems == [
         f"data.path: {tmp_path} has no t10k-labels-idx1-ubyte (nor .gz, the .idx spelling or MNIST/raw/)"
     ]
@@ -58,8 +64,7 @@ def test_a_missing_file_names_every_spelling_tried(tmp_path):
 
 @pytest.mark.skipif(not REAL_MNIST.is_dir(), reason="the real MNIST files are not on this machine")
 def test_the_real_mnist_files():
-    dm = MNISTDataModule(DataConfig(name="mnist", path=str(REAL_MNIST)), batch_size=64, seed=0)
-    dm.setup()
+    dm = loaded(REAL_MNIST)
     assert dm.x_train.shape == (60000, 784) and dm.x_val.shape == (10000, 784)
     assert sorted(dm.y_train.unique().tolist()) == list(range(10))
     assert dm.in_features == 784
