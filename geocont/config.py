@@ -284,8 +284,12 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
-def parse_yaml(text: str, source: str) -> Any:
-    """YAML text -> data, with every repeated key and a syntax error as one-line ConfigError problems."""
+def parse_yaml(text: str, source: str, duplicates: list[str] | None = None) -> Any:
+    """YAML text -> data, with every repeated key and a syntax error as one-line ConfigError problems.
+
+    Given a `duplicates` list, repeated keys are added to it instead of raised, so a caller can report them
+    with the problems validation finds in the same file.
+    """
     loader = _UniqueKeyLoader(text)
     loader.duplicates = []
     try:
@@ -296,8 +300,11 @@ def parse_yaml(text: str, source: str) -> Any:
         raise ConfigError([f"{source}: not valid YAML{where}: {getattr(err, 'problem', None) or err}"]) from None
     finally:
         loader.dispose()
-    if loader.duplicates:
-        raise ConfigError([f"{source}: {line}" for line in loader.duplicates])
+    lines = [f"{source}: {line}" for line in loader.duplicates]
+    if duplicates is not None:
+        duplicates += lines
+    elif lines:
+        raise ConfigError(lines)
     return data
 
 
@@ -313,12 +320,12 @@ def read_text(path: Path) -> str:
         raise ConfigError([f"{path}: cannot be read ({err.strerror})"]) from None
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
+def read_yaml(path: str | Path, duplicates: list[str] | None = None) -> dict[str, Any]:
     """A YAML mapping from disk, with a one-line error for a missing file, bad bytes or bad syntax."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError([f"{path}: no such file"])
-    data = parse_yaml(read_text(path), str(path))
+    data = parse_yaml(read_text(path), str(path), duplicates)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -399,8 +406,20 @@ def resolve(raw: dict[str, Any], overrides: dict[str, Any] | None = None, prefix
 
 def load_run(path: str | Path | None = None, sets: list[str] | None = None) -> RunConfig:
     """A RunConfig from a YAML file (or only presets/overrides when path is None) plus `--set` pairs."""
-    raw = read_yaml(path) if path is not None else {}
-    return resolve(raw, parse_overrides(sets or []))
+    duplicates: list[str] = []
+    raw = read_yaml(path, duplicates) if path is not None else {}
+    return with_problems(duplicates, lambda: resolve(raw, parse_overrides(sets or [])))
+
+
+def with_problems(problems: list[str], build: Callable[[], Any]) -> Any:
+    """build(), raising `problems` together with any that build() raises (every problem of a file at once)."""
+    try:
+        value = build()
+    except ConfigError as err:
+        raise ConfigError(problems + err.problems) from None
+    if problems:
+        raise ConfigError(problems)
+    return value
 
 
 def load_yaml(path: str | Path) -> RunConfig:

@@ -321,3 +321,19 @@ def test_as_a_process_too_within_seconds(tmp_path, argv, message):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == [f"error: {done.stderr.strip().removeprefix('error: ')}"]
     assert message in done.stderr and not (tmp_path / "store").exists()
+
+
+def test_every_problem_of_a_file_at_once(tmp_path, monkeypatch, capsys):
+    """Fix one, see the next was the old way: a file's problems come together, one line each."""
+    config = _config(tmp_path, "model:\n  depth: 3\n  depth: 4\n  activation: swish\noptim: {lr: .inf, rate: 1}\n")
+    code, _, err = run_cli(["train", config, "--store", str(tmp_path / "store")], monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 4, err
+    assert ["duplicate key 'depth'" in lines[0], "model.activation" in lines[1]] == [True, True]
+    assert {"optim.lr", "optim.rate"} == {line.split(": ")[1] for line in lines[2:]}
+    sweep = _sweep(tmp_path, name="my sweep", grid={"model.activation": ["swish"]}, seeds=[0, 0])
+    code, _, err = run_cli(["sweep", "launch", sweep, "--store", str(tmp_path / "store")], monkeypatch, capsys)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 3, err
+    assert [("name:" in lines[0]), ("seeds:" in lines[1]), ("grid.model.activation" in lines[2])] == [True] * 3
+    assert not (tmp_path / "store").exists()

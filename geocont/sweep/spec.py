@@ -24,6 +24,7 @@ from geocont.config import (
     parse_overrides,
     parse_yaml,
     read_yaml,
+    with_problems,
 )
 from geocont.store import sweep_name_problem
 
@@ -114,7 +115,9 @@ def parse_sweep(data: dict[str, Any], source: str = "sweep") -> SweepConfig:
 
 def load_sweep(path: str | Path) -> SweepConfig:
     """Read and fully validate a sweep YAML file (raises ConfigError listing every problem)."""
-    return parse_sweep(read_yaml(path), str(path))
+    duplicates: list[str] = []
+    data = read_yaml(path, duplicates)
+    return with_problems(duplicates, lambda: parse_sweep(data, str(path)))
 
 
 # Top-level sweep fields a `--set` may change; grid/include/exclude/search keys are dotted run paths
