@@ -125,6 +125,7 @@ def _relaunch_other_grid(tmp: Path) -> list[str]:
 
 # (id, setup(tmp) -> argv, substring the one error line must contain). `--store <tmp>/store` is added
 # when the argv names no store of its own.
+# fmt: off
 CASES = [
     # geocont train: the config
     ("train-no-such-config", lambda t: ["train", "missing.yaml"], "CONFIG: 'missing.yaml' is neither a file nor"),
@@ -166,11 +167,11 @@ CASES = [
     # geocont train: the YAML file and the store
     ("train-yaml-not-utf8", lambda t: ["train", _config(t, b"model: {activation: r\xe9lu}\n")], "not UTF-8 text"),
     ("train-yaml-duplicate-key", lambda t: ["train", _config(t, "model:\n  depth: 3\n  depth: 4\n")],
-     "duplicate key 'depth' (lines 2 and 3)"),  # fmt: skip
+     "duplicate key 'depth' (lines 2 and 3)"),
     ("train-yaml-syntax", lambda t: ["train", _config(t, "model: {depth: [\n")], "not valid YAML"),
     ("train-yaml-list", lambda t: ["train", _config(t, "- 1\n- 2\n")], "expected a mapping"),
     ("train-yaml-unknown-top", lambda t: ["train", _config(t, "optimiser: {lr: 1}\n")],
-     "optimiser: unknown key; allowed under the top level"),  # fmt: skip
+     "optimiser: unknown key; allowed under the top level"),
     ("train-store-is-file", lambda t: ["train", *SMOKE, "--store", _file(t)], "is a file; expected a folder"),
     ("train-store-under-file", lambda t: ["train", *SMOKE, "--store", _file(t) + "/sub"], "cannot be made"),
     ("train-store-not-writable", lambda t: ["train", *SMOKE, "--store", NOT_WRITABLE], "not writable"),
@@ -184,69 +185,70 @@ CASES = [
     ("sweep-name-dots-up", lambda t: ["sweep", "launch", _sweep(t, name="../x")], "not usable as a folder name"),
     ("sweep-duplicate-axis", lambda t: ["sweep", "launch", _sweep(t, text=(
         "name: dup\nbase: {model: {depth: 3, width: 16}}\ngrid:\n  model.activation: [relu]\n"
-        "  model.activation: [gelu]\n"))], "duplicate key 'model.activation' (lines 4 and 5)"),  # fmt: skip
+        "  model.activation: [gelu]\n"))], "duplicate key 'model.activation' (lines 4 and 5)"),
     ("sweep-not-utf8", lambda t: ["sweep", "launch", _sweep(t, text=b"name: caf\xe9\n")], "not UTF-8 text"),
     ("sweep-bad-grid-value", lambda t: ["sweep", "launch", _sweep(t, grid={"model.activation": ["swish"]})],
-     "grid.model.activation: got 'swish'"),  # fmt: skip
+     "grid.model.activation: got 'swish'"),
     ("sweep-grid-depth-1", lambda t: ["sweep", "launch", _sweep(t, grid={"model.depth": [1, 2]})],
-     "grid.model.depth: input should be greater than or equal to 2"),  # fmt: skip
+     "grid.model.depth: input should be greater than or equal to 2"),
     ("sweep-base-depth-true", lambda t: ["sweep", "launch", _sweep(t, base=tiny_run(model={"depth": True}))],
-     "base.model.depth: got True, a bool"),  # fmt: skip
+     "base.model.depth: got True, a bool"),
     ("sweep-base-width-1e11", lambda t: ["sweep", "launch", _sweep(t, base=tiny_run(model={"width": 10**11}))],
-     "allowed: a model that fits in memory"),  # fmt: skip
+     "allowed: a model that fits in memory"),
     ("sweep-val-fraction", lambda t: ["sweep", "launch", _sweep(t, base=tiny_run(data={"val_fraction": 0.9999}))],
-     "leaves no training samples"),  # fmt: skip
+     "leaves no training samples"),
     ("sweep-mnist-missing-path", lambda t: ["sweep", "launch", _sweep(
-        t, base=tiny_run(data={"name": "mnist", "path": str(t / "nowhere")}))], "is not a folder"),  # fmt: skip
+        t, base=tiny_run(data={"name": "mnist", "path": str(t / "nowhere")}))], "is not a folder"),
     ("sweep-mnist-label-12", _sweep_mnist_case("labels-12"), "has label 12; allowed: 0 to 9"),
     ("sweep-mnist-truncated", _sweep_mnist_case("truncated-header"), "truncated inside its header"),
     ("sweep-cpu-inf", lambda t: ["sweep", "launch", _sweep(t, resources={"cpu": float("inf")})],
-     "resources.cpu: input should be a finite number"),  # fmt: skip
+     "resources.cpu: input should be a finite number"),
     ("sweep-empty-axis", lambda t: ["sweep", "launch", _sweep(t, grid={"model.activation": []})], "empty axis"),
     ("sweep-seed-twice", lambda t: ["sweep", "launch", _sweep(t, seeds=[0, 0])], "listed more than once"),
     ("sweep-store-is-file", lambda t: ["sweep", "launch", _sweep(t), "--store", _file(t)], "is a file"),
     ("sweep-store-not-writable", lambda t: ["sweep", "launch", _sweep(t), "--store", NOT_WRITABLE], "not writable"),
     ("sweep-store-empty", lambda t: ["sweep", "launch", _sweep(t), "--store", ""], "--store: empty"),
     ("sweep-address-nothing-listening", lambda t: ["sweep", "launch", _sweep(t), "--address", "127.0.0.1:1"],
-     "--address 127.0.0.1:1: nothing answers"),  # fmt: skip
+     "--address 127.0.0.1:1: nothing answers"),
     ("sweep-address-malformed", lambda t: ["sweep", "launch", _sweep(t), "--address", "nohost"],
-     "expected auto, host:port"),  # fmt: skip
+     "expected auto, host:port"),
     ("sweep-relaunch-other-grid", _relaunch_other_grid, "grid.model.activation: stored [\"relu\",\"gelu\"]"),
     # geocont sweep status / resume
     ("status-outside-store", lambda t: ["sweep", "status", "../other", "--store", _store_with_run(t)],
-     "SWEEP_NAME: '../other' is not usable"),  # fmt: skip
+     "SWEEP_NAME: '../other' is not usable"),
     ("resume-outside-store", lambda t: ["sweep", "resume", "../other/x", "--store", _store_with_run(t)],
-     "SWEEP_NAME: '../other/x' is not usable"),  # fmt: skip
+     "SWEEP_NAME: '../other/x' is not usable"),
     ("status-unknown-sweep", lambda t: ["sweep", "status", "nope", "--store", _store_with_run(t)],
-     "nope: no sweep of that name"),  # fmt: skip
+     "nope: no sweep of that name"),
     ("status-no-store", lambda t: ["sweep", "status", "s", "--store", str(t / "nowhere")], "no such folder"),
     ("resume-store-empty", lambda t: ["sweep", "resume", "s", "--store", ""], "--store: empty"),
     ("resume-junk-sweep-yaml", lambda t: ["sweep", "resume", "s", "--store", _junk_sweep_yaml(t)], "sweep.yaml"),
     # geocont results
     ("results-no-store", lambda t: ["results", "runs", "--store", str(t / "nowhere")], "is not a results store"),
     ("results-outside-store", lambda t: ["results", "runs", "--store", _store_with_run(t), "--sweep", "../x"],
-     "--sweep: '../x' is not usable"),  # fmt: skip
+     "--sweep: '../x' is not usable"),
     ("results-unknown-sweep", lambda t: ["results", "table", "--store", _store_with_run(t), "--sweep", "nope"],
-     "--sweep: no sweep 'nope'"),  # fmt: skip
+     "--sweep: no sweep 'nope'"),
     ("results-store-empty", lambda t: ["results", "runs", "--store", ""], "--store: empty"),
     ("results-bad-format", lambda t: ["results", "runs", "--store", _store_with_run(t), "--format", "xml"],
-     "'xml' is not one of 'md', 'csv', 'json'. (see geocont results runs --help)"),  # fmt: skip
+     "'xml' is not one of 'md', 'csv', 'json'. (see geocont results runs --help)"),
     ("results-unknown-option", lambda t: ["results", "runs", "--stor", "x"], "No such option: --stor"),
     # geocont report
     ("report-no-store", lambda t: ["report", "--store", str(t / "nowhere"), "-o", str(t / "r.html")], "no such folder"),
     ("report-not-html", lambda t: ["report", "--store", _store_with_run(t), "-o", str(t / "r.txt")], "an .html file"),
     ("report-output-folder", lambda t: ["report", "--store", _store_with_run(t), "-o", _folder(t, "r.html")],
-     "is a folder"),  # fmt: skip
+     "is a folder"),
     ("report-output-not-writable", lambda t: ["report", "--store", _store_with_run(t), "-o", "/proc/geocont.html"],
-     "not writable"),  # fmt: skip
+     "not writable"),
     ("report-output-under-file", lambda t: ["report", "--store", _store_with_run(t), "-o", _file(t) + "/r.html"],
-     "is a file; expected a folder"),  # fmt: skip
+     "is a file; expected a folder"),
     ("report-outside-store", lambda t: ["report", "--store", _store_with_run(t), "--sweep", "../x", "-o",
-                                        str(t / "r.html")], "--sweep: '../x' is not usable"),  # fmt: skip
+                                        str(t / "r.html")], "--sweep: '../x' is not usable"),
     # geocont analyze (bad checkpoint files; zero matrices and --out are tested with analyze)
     ("analyze-no-file", lambda t: ["analyze", str(t / "none.safetensors")], "no such file"),
     ("analyze-not-safetensors", lambda t: ["analyze", _file(t, "x.safetensors")], "not a readable safetensors file"),
 ]
+# fmt: on
 
 
 def _file(tmp: Path, name: str = "a-file") -> str:
