@@ -16,7 +16,7 @@ from typing import Any
 from geocont import store as results
 from geocont.config import ConfigError, RunConfig, read_text
 from geocont.datafiles import fingerprint
-from geocont.preflight import run_problems
+from geocont.preflight import CLUSTER_NODE_MAX_MEMORY, run_problems
 from geocont.sweep.grid import base_raw, expand, format_value
 from geocont.sweep.spec import SweepConfig
 
@@ -41,7 +41,7 @@ def check_launch(sweep: SweepConfig, store: str, address: str | None, relaunch: 
     if not problems and relaunch:
         problems += _collect(same_trials, sweep, Path(store))
     configs = [t.config for t in expand(sweep)] if sweep.search is None else [_search_base(sweep)]
-    problems += config_problems(configs)
+    problems += config_problems(configs, None if address is None else CLUSTER_NODE_MAX_MEMORY)
     if not problems and sweep.search is None:
         problems += data_changed(sweep, Path(store))
     if problems:
@@ -88,7 +88,7 @@ def _auto_address() -> str | list[str]:
         return [f"--address auto: no running Ray cluster on this machine ({reason}); start one with `ray start --head`"]
 
 
-def config_problems(configs: list[RunConfig]) -> list[str]:
+def config_problems(configs: list[RunConfig], memory: int | None = None) -> list[str]:
     """Data and size problems of the trials, each distinct problem once (trials share their data)."""
     seen: dict[str, None] = {}
     checked = set()
@@ -96,7 +96,7 @@ def config_problems(configs: list[RunConfig]) -> list[str]:
         key = (cfg.data, cfg.model)
         if key not in checked:
             checked.add(key)
-            seen.update(dict.fromkeys(run_problems(cfg)))
+            seen.update(dict.fromkeys(run_problems(cfg, memory)))
     return [f"base: {line}" if line.startswith(("data.", "model")) else line for line in seen]
 
 
