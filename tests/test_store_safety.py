@@ -56,6 +56,21 @@ def test_a_failed_rerun_keeps_the_finished_result(store, finished, monkeypatch):
         assert len(results.runs(store).collect()) == 1  # readers never see the attempt
 
 
+def test_a_rerun_that_fails_mid_training_keeps_the_finished_result(store, finished):
+    """The live-metrics hook (what a Ray trial reports through) raising mid-run fails the attempt."""
+    cfg, folder, before = finished
+
+    def broken_view(epoch, step, values):
+        raise RuntimeError("the live view went away")
+
+    result = train(cfg, store, on_metrics=broken_view, progress=False)
+    assert result.status == "failed" and "the live view went away" in result.error
+    assert result_files(folder) == before  # run.json still completed, metrics.parquet not rewritten empty
+    assert result.run_dir == folder.parent / results.ATTEMPTS / f"{cfg.run_id()}.failed"
+    assert (result.run_dir / "error.txt").is_file()
+    assert results.runs(store).collect()["status"].to_list() == ["completed"]
+
+
 def test_a_finished_rerun_replaces_the_result_and_leaves_nothing_aside(store, finished):
     cfg, folder, before = finished
     again = train(cfg, store, progress=False)
