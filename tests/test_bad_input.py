@@ -1,6 +1,6 @@
 """A corpus of malformed input across train, sweep, results, analyze and report (issue 11).
 
-Each case must be answered as the contract says (DESIGN.md): exit code 2, one line on stderr that
+Each case must be answered as the contract says (docs/contracts.md): exit code 2, one line on stderr that
 names what is wrong, no traceback, and nothing written anywhere (the test folder is compared before
 and after). The commands run in-process through the console script's own entry (`geocont.entry.run`),
 which is what turns ConfigError into the one-line message; a few cases also run as real processes.
