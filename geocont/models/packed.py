@@ -5,7 +5,7 @@
 Member k is exactly the solo `ResidualMLP` k: every layer holds one parameter of shape (K, out, in)
 (biases and norm gains (K, out)) and runs as one batched matmul (baddbmm), so a step costs a few large
 kernels instead of K times many small ones. One parameter per layer, not one (K, L, d, d) tensor sliced
-per layer: a slice's backward writes a full-size gradient, which measured twice as slow (STACK.md).
+per layer: a slice's backward writes a full-size gradient, which measured twice as slow (docs/stack.md).
 
 What may differ between members, and what may not (`pack_key` is the rule in code):
 - may differ: the seed (hence the initial weights, the data split and the batch order), `init_std`
