@@ -138,6 +138,9 @@ class OptimConfig(_Strict):
     beta1: Number = Field(0.9, ge=0.0, lt=1.0)
     beta2: Number = Field(0.999, ge=0.0, lt=1.0)  # 0 is a paper ablation (no second-moment averaging)
     weight_decay: Number = Field(0.0, ge=0.0)
+    # Adam's denominator floor, sqrt(v) + eps. PyTorch's 1e-8 is fine with averaged second moments;
+    # with beta2 = 0 (v = g^2) a coordinate whose gradient is zero this step moves by lr * m / eps.
+    eps: PositiveFloat = 1.0e-8
 
 
 class TrainConfig(_Strict):
@@ -148,6 +151,7 @@ class TrainConfig(_Strict):
     metrics_every_n_steps: PositiveInt | None = None
     precision: Literal["32", "16-mixed", "bf16-mixed", "bf16-true"] = "32"
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
+    grad_clip: PositiveFloat | None = None  # max global gradient norm per step; None: no clipping
 
     @model_validator(mode="before")
     @classmethod
@@ -174,6 +178,10 @@ class TrackingConfig(_Strict):
     tensorboard: bool = True
 
 
+# (section, field) pairs that the run_id skips at their default value: fields added after stores existed.
+LATER_FIELDS = (("optim", "eps"), ("train", "grad_clip"))
+
+
 class RunConfig(_Strict):
     """One training run. Every field has a default; YAML keys are these names."""
 
@@ -197,8 +205,16 @@ class RunConfig(_Strict):
         return self
 
     def run_id(self) -> str:
-        """Content hash of everything that changes the result (tracking and the preset name do not)."""
+        """Content hash of everything that changes the result (tracking and the preset name do not).
+
+        Fields added after stores existed (`LATER_FIELDS`) enter the hash only when set away from their
+        default, so every config that leaves them alone keeps its run_id and existing stores resume.
+        """
         payload = self.model_dump(mode="json", exclude={"tracking", "preset"})
+        for section, key in LATER_FIELDS:
+            fields = type(getattr(self, section)).model_fields
+            if key in fields and payload[section].get(key) == fields[key].default:
+                del payload[section][key]
         return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
 
     def to_dict(self) -> dict[str, Any]:
