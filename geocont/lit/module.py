@@ -29,7 +29,9 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     if cfg.name == "sgd":
         return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.beta1, weight_decay=cfg.weight_decay, fused=fused)
     kind = torch.optim.AdamW if cfg.name == "adamw" else torch.optim.Adam
-    return kind(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay, fused=fused)
+    return kind(
+        params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused
+    )
 
 
 LossHook = Callable[[int, float], None]
