@@ -5,6 +5,9 @@ that identify it and the store metric behind each column). `paper_table` matches
 those rows by config (model kind, residual, activation, norm; every other field is ignored, so the
 caller picks the sweep) and gives mean and std over seeds in the paper's unit next to the paper's
 value. `geocont results table --paper` and the HTML report both use it.
+
+Runs with a loss spike (a `train/spike` metric) are counted per row; the formatted table marks the
+columns a spike distorts (the cumulative gradient and what derives from it) with `*`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import polars as pl
 
 from geocont.config import ConfigError
+from geocont.results import SPIKE, spiked_runs
 
 REFERENCE_PATH = Path(__file__).parent / "paper" / "reference.json"
 TABLES = ("mlp", "transformer")
@@ -46,7 +50,8 @@ def paper_table(runs: pl.DataFrame | pl.LazyFrame, which: str) -> pl.DataFrame:
 
     `runs` is `geocont.store.runs(...)` (one row per run). Means and stds are over the completed
     runs that match the row's config (usually the seeds of one variant), in the paper's unit
-    (val/acc x 100). `runs` counts those completed runs; `diverged` counts matched diverged runs.
+    (val/acc x 100). `runs` counts those completed runs; `diverged` counts matched diverged runs;
+    `spiked` counts the completed runs that had a loss spike.
     A column with no finite value gives null (e.g. a metric the sweep did not log).
     """
     spec = table_spec(which)
@@ -56,7 +61,7 @@ def paper_table(runs: pl.DataFrame | pl.LazyFrame, which: str) -> pl.DataFrame:
 
 
 def _table_schema(spec: dict[str, Any]) -> dict[str, pl.DataType]:
-    schema: dict[str, pl.DataType] = {"config": pl.String, "runs": pl.Int64, "diverged": pl.Int64}
+    schema: dict[str, pl.DataType] = {"config": pl.String, "runs": pl.Int64, "diverged": pl.Int64, "spiked": pl.Int64}
     for col in spec["columns"]:
         for part in ("mean", "std", "paper"):
             schema[f"{col['label']} {part}"] = pl.Float64
@@ -69,6 +74,7 @@ def _table_row(frame: pl.DataFrame, spec: dict[str, Any], row: dict[str, Any]) -
     completed = matched.filter(pl.col("status") == "completed") if has_status else matched
     diverged = matched.filter(pl.col("status") == "diverged").height if has_status else 0
     out: dict[str, Any] = {"config": row["config"], "runs": completed.height, "diverged": diverged}
+    out["spiked"] = spiked_runs(completed)
     for col in spec["columns"]:
         values = _finite(completed, col["metric"], col["scale"])
         label = col["label"]
@@ -106,14 +112,24 @@ def format_paper_table(table: pl.DataFrame, which: str) -> pl.DataFrame:
     spec = table_spec(which)
     rows = []
     for rec in table.iter_rows(named=True):
+        spiked = rec.get("spiked") or 0
         out = {"config": rec["config"], "runs": str(rec["runs"])}
         for col in spec["columns"]:
             label, digits = col["label"], col.get("digits", 3)
             out[label] = _cell(rec[f"{label} mean"], rec[f"{label} std"], digits, rec["runs"], rec["diverged"])
+            if spiked and spike_distorts(col["metric"]) and rec[f"{label} mean"] is not None:
+                out[label] += " *"
             paper = rec[f"{label} paper"]
             out[f"{label} (paper)"] = f"{paper:.{digits}f}" if paper is not None else _paper_blank(spec, rec["config"])
+        if any((r.get("spiked") or 0) for r in table.iter_rows(named=True)):
+            out["spikes"] = f"{spiked}/{rec['runs']} *" if spiked else ""
         rows.append(out)
     return pl.DataFrame(rows, schema={name: pl.String for name in (rows[0] if rows else {"config": 0})})
+
+
+def spike_distorts(metric: str) -> bool:
+    """Whether one huge step swamps this metric: the cumulative gradient, Delta_GW and the update ratio."""
+    return metric.startswith(("grad_cum/", "delta_gw/", "update_ratio")) or metric == SPIKE
 
 
 def _cell(mean: float | None, std: float | None, digits: int, runs: int, diverged: int) -> str:

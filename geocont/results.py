@@ -20,6 +20,14 @@ KEY_METRICS = (
     "delta_gw/v1",
 )
 IGNORED_CONFIG = ("train.seed", "tracking.", "preset")
+# Logged at each loss spike's step with value loss / running level (geocont.metrics.spikes); a run's
+# final value is its last spike's ratio, and a run without spikes has none.
+SPIKE = "train/spike"
+
+
+def spiked_runs(frame: pl.DataFrame) -> int:
+    """How many of the runs in `frame` had at least one loss spike."""
+    return frame.get_column(SPIKE).is_not_null().sum() if SPIKE in frame.columns else 0
 
 
 def varying_config_columns(frame: pl.DataFrame) -> list[str]:
@@ -51,20 +59,24 @@ def role_table(final: dict[str, float]) -> pl.DataFrame | None:
 
 
 def runs_table(frame: pl.DataFrame) -> pl.DataFrame:
-    """One row per run: sweep, id, status, the varying config, seed, and the key metrics present."""
+    """One row per run: sweep, id, status, the varying config, seed, the key metrics present, and
+    `train/spike` (the last spike's loss / level) when any run had a spike."""
     variant = varying_config_columns(frame)
-    metrics = [m for m in KEY_METRICS if m in frame.columns]
+    metrics = [m for m in (*KEY_METRICS, SPIKE) if m in frame.columns]
     seed = ["train.seed"] if "train.seed" in frame.columns else []
     columns = ["sweep", "run_id", "status", *variant, *seed, *metrics]
     return frame.select(columns).sort(["sweep", *variant, *seed])
 
 
 def aggregate_table(frame: pl.DataFrame) -> pl.DataFrame:
-    """Mean and std over seeds of each key metric, one row per variant, completed runs only."""
+    """Mean and std over seeds of each key metric, one row per variant, completed runs only; `spiked`
+    (runs with a loss spike) when any run had one: their grad_cum and delta_gw describe that step."""
     done = frame.filter(pl.col("status") == "completed")
     variant = ["sweep", *varying_config_columns(frame)]
     metrics = [m for m in KEY_METRICS if m in done.columns]
     aggs = [pl.len().alias("runs")]
+    if SPIKE in done.columns:
+        aggs.append(pl.col(SPIKE).is_not_null().sum().alias("spiked"))
     for m in metrics:
         aggs += [pl.col(m).mean().alias(f"{m} mean"), pl.col(m).std().alias(f"{m} std")]
     return done.group_by(variant).agg(aggs).sort(variant)
