@@ -21,6 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 METRICS = ("val/acc", "val/ppl", "train/loss", "weight/v1_continuity", "weight/u1_continuity")
+# A run's loss spikes (geocont.metrics.spikes): the metric's value is the last spike's loss / level.
+# Shown in its own column, beside the metrics, whenever a trial has one: its grad_cum / delta_gw are
+# then dominated by that step.
+SPIKE = "train/spike"
 STYLES = {
     "running": "cyan",
     "retrying": "yellow",
@@ -92,7 +96,7 @@ class SweepView:
     def _update(self, row: Row, result: dict[str, Any]) -> None:
         row.epoch = result.get("epoch", row.epoch)
         row.node = result.get("node", row.node)
-        row.values.update({k: result[k] for k in self.metrics if isinstance(result.get(k), int | float)})
+        row.values.update({k: result[k] for k in (*self.metrics, SPIKE) if isinstance(result.get(k), int | float)})
 
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
@@ -127,6 +131,8 @@ class SweepView:
         done = sum(n for s, n in self.counts().items() if s not in ("pending", "running", "retrying"))
         shown = [m for m in self.metrics if m in row.values][:3]
         values = "  ".join(f"{m}={format_metric(row.values[m])}" for m in shown)
+        if SPIKE in row.values:
+            values += f"  loss spike {format_spike(row.values[SPIKE])}"
         status = Text(f"{row.status:9}", style=STYLES.get(row.status, ""))
         line = Text(f"[{done}/{max(self.total, len(self.rows))}] ") + status
         return line + Text(f" {row.name}  {values}  {row.error}".rstrip())
@@ -144,6 +150,7 @@ def summary(counts: dict[str, int]) -> Text:
 def table(rows: list[Row], metrics: Iterable[str], run_ids: bool = False) -> Table:
     """The trial table shared by the live view and `geocont sweep status`."""
     metrics = [m for m in metrics if any(m in r.values for r in rows)]
+    spikes = any(SPIKE in r.values for r in rows)
     grid = Table(box=None, pad_edge=False, header_style="bold")
     grid.add_column("trial")
     if run_ids:
@@ -152,14 +159,23 @@ def table(rows: list[Row], metrics: Iterable[str], run_ids: bool = False) -> Tab
     grid.add_column("epoch", justify="right")
     for m in metrics:
         grid.add_column(m, justify="right")
+    if spikes:
+        grid.add_column("spike", justify="right", style="magenta")
     grid.add_column("node", style="dim")
     grid.add_column("note", style="dim", overflow="fold")
     for r in rows:
         cells = [r.name, *([r.run_id] if run_ids else []), Text(r.status, style=STYLES.get(r.status, ""))]
         cells += ["" if r.epoch is None else str(r.epoch), *[format_metric(r.values.get(m)) for m in metrics]]
+        if spikes:
+            cells.append(format_spike(r.values.get(SPIKE)))
         note = r.error or (f"attempt {r.attempts}" if r.attempts > 1 else "")
         grid.add_row(*cells, r.node, note)
     return grid
+
+
+def format_spike(ratio: float | None) -> str:
+    """'x1.3e+05': the last spike's loss over its running level ('' for a trial without one)."""
+    return "" if ratio is None else f"x{ratio:.2g}"
 
 
 def format_metric(value: float | None) -> str:
