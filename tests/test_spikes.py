@@ -1,13 +1,23 @@
 """SpikeDetector: known spikes found, ordinary noise ignored, and the invariants of a ratio test."""
 
+import json
 import math
 import random
 
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rich.console import Console
+from synthetic_store import write_mlp_sweep
 
+from geocont import store
 from geocont.metrics.spikes import SpikeDetector, detect
+from geocont.paper import format_paper_table, paper_table
+from geocont.report import build_report
+from geocont.report.data import curves, load_sweeps, mark_spikes
+from geocont.results import aggregate_table, runs_table
+from geocont.sweep.live import SweepView, table
 
 positive_losses = st.lists(st.floats(1e-6, 1e6, allow_nan=False), min_size=1, max_size=400)
 
@@ -119,3 +129,79 @@ def test_step_numbers_only_label_the_spikes(losses, offset):
     plain = detect(losses, **kwargs)
     shifted = detect(losses, steps=[offset + 10 * i for i in range(len(losses))], **kwargs)
     assert [offset + 10 * s["step"] for s in plain] == [s["step"] for s in shifted]
+
+
+# ---------------------------------------------------------------------------------------------
+# Spikes shown beside the metrics they distort: results tables, the live view, the report
+
+
+def _with_spike(root, sweep: str, run_id: str, epoch: int, step: int, ratio: float) -> None:
+    """Add a `train/spike` row to a stored run, as training logs it."""
+    folder = store.run_dir(root, sweep, run_id)
+    rows = pl.read_parquet(folder / "metrics.parquet").to_dicts()
+    rows.append({"run_id": run_id, "epoch": epoch, "step": step, "name": "train/spike", "value": ratio})
+    store.write_metrics(folder, rows)
+
+
+@pytest.fixture()
+def spiked_store(tmp_path):
+    root = tmp_path / "store"
+    grid = {"model.residual": [True], "model.activation": ["relu", "none"]}
+    ids = write_mlp_sweep(root, "mlp", grid=grid, seeds=(0, 1), epochs=5)  # relu s0, relu s1, none s0, none s1
+    _with_spike(root, "mlp", ids[2], epoch=3, step=250, ratio=1.3e5)
+    return root, ids
+
+
+def test_tables_count_spiked_runs_and_mark_distorted_columns(spiked_store):
+    root, ids = spiked_store
+    frame = store.runs(root, "mlp").collect()
+    agg = {r["model.activation"]: r for r in aggregate_table(frame).iter_rows(named=True)}
+    assert (agg["none"]["spiked"], agg["relu"]["spiked"]) == (1, 0)
+    per_run = runs_table(frame)
+    assert per_run.filter(pl.col("run_id") == ids[2])["train/spike"].item() == 1.3e5
+    assert per_run["train/spike"].null_count() == 3
+
+    table = paper_table(frame, "mlp")
+    rows = {r["config"]: r for r in format_paper_table(table, "mlp").iter_rows(named=True)}
+    assert rows["Res + None"]["spikes"] == "1/2 *" and rows["Res + ReLU"]["spikes"] == ""
+    assert rows["Res + None"]["grad v1"].endswith(" *") and not rows["Res + None"]["weight v1"].endswith("*")
+    assert not rows["Res + ReLU"]["grad v1"].endswith("*")
+
+
+def test_tables_without_spikes_have_no_spike_column(tmp_path):
+    write_mlp_sweep(tmp_path, "mlp", grid={"model.activation": ["relu"]}, seeds=(0,), epochs=2)
+    frame = store.runs(tmp_path, "mlp").collect()
+    assert "spiked" not in aggregate_table(frame).columns
+    assert "spikes" not in format_paper_table(paper_table(frame, "mlp"), "mlp").columns
+
+
+def test_live_view_shows_the_spike_beside_the_metrics():
+    view = SweepView(Console(record=True, width=200), live=False)
+    view.event("start", {"run_id": "a", "name": "act=none seed=0"}, {})
+    view.event("result", {"run_id": "a", "name": "act=none seed=0"}, {"epoch": 3, "val/acc": 0.9, "train/spike": 4e4})
+    view.event("start", {"run_id": "b", "name": "act=relu seed=0"}, {})
+    view.event("result", {"run_id": "b", "name": "act=relu seed=0"}, {"epoch": 3, "val/acc": 0.97})
+    console = Console(record=True, width=200)
+    console.print(table(list(view.rows.values()), view.metrics))
+    lines = console.export_text().splitlines()
+    assert "spike" in lines[0]
+    assert "x4e+04" in next(line for line in lines if "act=none" in line)
+    assert "x" not in next(line for line in lines if "act=relu" in line).split("0.97")[1]
+
+
+def test_report_lists_spikes_and_marks_the_distorted_curves(spiked_store):
+    root, ids = spiked_store
+    (sweep,) = load_sweeps(root, "mlp")
+    assert sweep.spikes.select("variant", "seed", "step", "x", "ratio").rows() == [("Res + None", 0, 250, 3, 1.3e5)]
+    frame = mark_spikes(sweep, curves(sweep, ["grad_cum/v1_continuity", "weight/v1_continuity"]))
+    marked = frame.filter(pl.col("spike")).select("variant", "metric", "x").rows()
+    assert marked == [("Res + None", "grad_cum/v1_continuity", 3)]  # weights are drawn unmarked
+
+    section = build_report(root, "mlp").sections[0]
+    spikes = next(t for t in section.tables if t.title == "Loss spikes")
+    assert spikes.frame.row(0) == ("Res + None", "0", "250", "3", "1.3e+05")
+    gradient = next(f for f in section.figures if f.id.endswith("-gradient"))
+    assert "Red triangles" in gradient.caption
+    assert "triangle-down" in json.dumps(gradient.spec())
+    continuity = next(f for f in section.figures if f.id.endswith("-continuity"))
+    assert "Red triangles" not in continuity.caption

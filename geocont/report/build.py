@@ -62,7 +62,7 @@ def sweep_section(sweep: data.Sweep) -> Section:
     status = data.status_counts(sweep)
     section.blocks.append(Table("Runs per variant and status", "", _text(status), collapsed=status.height > 12))
     builders = _MLP if sweep.kind == "mlp" else _TRANSFORMER
-    for builder in (*builders, _paper, paper_comparison):
+    for builder in (_spike_table, *builders, _paper, paper_comparison):
         block = builder(sweep)
         if block is not None:
             section.blocks.append(block)
@@ -88,10 +88,39 @@ def _sweep_curves(
     frame: pl.DataFrame | None = None,
     peaks: bool = False,
 ) -> Figure:
-    """A curves figure of `names` over the sweep's variants; `frame` defaults to their mean ± std curves."""
-    frame = data.curves(sweep, names) if frame is None else frame
+    """A curves figure of `names` over the sweep's variants; `frame` defaults to their mean ± std curves.
+
+    Where a loss spike distorts a drawn metric, a red triangle marks it and the caption says so.
+    """
+    frame = data.mark_spikes(sweep, data.curves(sweep, names) if frame is None else frame)
+    if "spike" in frame.columns and frame["spike"].any():
+        caption += SPIKE_NOTE
     fig_id = f"{slug(sweep.name)}-{key}"
     return curves_figure(fig_id, title, caption, frame, names, sweep.variants, _x_title(sweep), columns, peaks)
+
+
+SPIKE_NOTE = (
+    " Red triangles: a loss spike (a step whose loss exceeded its running median by the detector's factor) in "
+    "at least one seed of that variant; from there on the cumulative gradient, Delta_GW and Adam's update "
+    "size are dominated by that step (table 'Loss spikes')."
+)
+
+
+def _spike_table(sweep: data.Sweep) -> Table | None:
+    if sweep.spikes.is_empty():
+        return None
+    frame = sweep.spikes.select(
+        "variant",
+        pl.col("seed").cast(pl.String),
+        pl.col("step").cast(pl.String),
+        pl.col("x").cast(pl.String).alias(_x_title(sweep)),
+        pl.col("ratio").map_elements(lambda r: f"{r:.3g}", return_dtype=pl.String).alias("loss / running level"),
+    )
+    caption = (
+        f"{frame.height} spike(s) in {sweep.spikes['run_id'].n_unique()} run(s). Final grad_cum, delta_gw and "
+        "update_ratio of these runs describe the spike rather than training; `train.grad_clip` bounds such steps."
+    )
+    return Table("Loss spikes", caption, frame, collapsed=frame.height > 12)
 
 
 def _continuity_mlp(sweep: data.Sweep) -> Figure | None:

@@ -20,6 +20,10 @@ from geocont.config import ConfigError
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")
 ROLE_METRIC = re.compile(r"^weight/(?P<role>[a-z]+)/(?P<space>v1|u1)_continuity$")
 PAPER_KEYS = ("model.residual", "model.activation", "model.norm")
+# Loss spikes (geocont.metrics.spikes): logged at the spike's step, value loss / running level. One huge
+# step swamps the cumulative gradient (and so Delta_GW) and Adam's second moments (the update ratio).
+SPIKE = "train/spike"
+SPIKE_DISTORTS = re.compile(r"^(grad_cum|delta_gw)/|^update_ratio|^train/loss$")
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "Tanh", "none": "None", "radial": "Radial"}
 
 
@@ -35,6 +39,7 @@ class Sweep:
     variants: list[str]  # variants with a completed run (what figures draw), in the paper's order
     all_variants: list[str]  # every variant, failed and diverged ones too (the status table)
     variant_keys: list[str]  # config columns that vary across the sweep (seed excluded)
+    spikes: pl.DataFrame  # run_id, variant, seed, step, x, ratio: every loss spike of a finished run
 
     @property
     def completed(self) -> pl.DataFrame:
@@ -86,7 +91,39 @@ def _sweep(name: str, runs: pl.DataFrame, long: pl.DataFrame) -> Sweep:
     every = sorted(set(runs["variant"]), key=lambda v: _variant_order(runs, v, keys))
     drawn = set(completed["variant"])
     variants = [v for v in every if v in drawn]
-    return Sweep(name, kind, runs, rows, x, variants, every, keys)
+    spikes = _spikes(long.filter(pl.col("sweep") == name), runs, x)
+    return Sweep(name, kind, runs, rows, x, variants, every, keys, spikes)
+
+
+def _spikes(long: pl.DataFrame, runs: pl.DataFrame, x: str) -> pl.DataFrame:
+    """One row per loss spike: which run, its variant and seed, the step, its x (epoch or step), loss / level."""
+    seed = pl.col("train.seed") if "train.seed" in runs.columns else pl.lit(None, dtype=pl.Int64)
+    who = runs.select("run_id", "variant", seed.alias("seed"))
+    found = long.filter((pl.col("name") == SPIKE) & pl.col("value").is_finite())
+    return (
+        found.join(who, on="run_id", how="inner")
+        .select("run_id", "variant", "seed", "step", pl.col(x).alias("x"), pl.col("value").alias("ratio"))
+        .sort("variant", "seed", "step")
+    )
+
+
+def mark_spikes(sweep: Sweep, frame: pl.DataFrame) -> pl.DataFrame:
+    """`frame` (curves) with a `spike` column: true at the first point of a distorted metric's curve at or
+    after a spike of that variant (any seed), where the curve first carries the spike's effect."""
+    if sweep.spikes.is_empty() or frame.is_empty():
+        return frame
+    points = frame.filter(pl.col("metric").str.contains(SPIKE_DISTORTS.pattern)).select("variant", "metric", "x")
+    hits = (
+        sweep.spikes.select("variant", pl.col("x").alias("spike_x"))
+        .unique()
+        .join(points, on="variant", how="inner")
+        .filter(pl.col("x") >= pl.col("spike_x"))
+        .group_by("variant", "metric", "spike_x")
+        .agg(pl.col("x").min())
+        .select("variant", "metric", "x", spike=pl.lit(True))
+        .unique()
+    )
+    return frame.join(hits, on=["variant", "metric", "x"], how="left").with_columns(pl.col("spike").fill_null(False))
 
 
 def _epochs_per_run(rows: pl.DataFrame) -> int:

@@ -66,7 +66,11 @@ def curves_figure(
     columns: int = 4,
     peaks: bool = False,
 ) -> Figure:
-    """Mean over seeds (line) and mean ± std (band) against epoch or step, one panel per metric."""
+    """Mean over seeds (line) and mean ± std (band) against epoch or step, one panel per metric.
+
+    A boolean `spike` column in `frame` marks points with a red triangle: a loss spike of that variant
+    distorts the value from there on (geocont.report.data.mark_spikes).
+    """
     # Both layers carry the same legend (a null legend on one drops the merged legend); draw it as strokes.
     color = _color(variants, symbolType="stroke", symbolStrokeWidth=3, symbolOpacity=1)
     x = alt.X("x:Q", title=x_title, axis=alt.Axis(tickMinStep=1, format="d"))  # epochs and steps are whole
@@ -97,6 +101,10 @@ def curves_figure(
         layers.append(
             base.mark_point(filled=True, size=50).encode(y="mean:Q", tooltip=tooltip).transform_filter("datum.peak")
         )
+    if "spike" in frame.columns and frame["spike"].any():
+        marker = base.mark_point(shape="triangle-down", filled=True, size=90, opacity=1)
+        marker = marker.encode(y="mean:Q", color=alt.value("#d62728"), tooltip=tooltip)
+        layers.append(marker.transform_filter("datum.spike"))
     columns = (
         min(columns, len(names)) if len(names) <= columns else math.ceil(len(names) / math.ceil(len(names) / columns))
     )
@@ -131,6 +139,7 @@ def _compact_curves(frame: pl.DataFrame, names: list[str], variants: list[str]) 
         sd=(pl.col("hi") - pl.col("mean")).round(4),
         n=pl.col("n"),
         **({"peak": pl.col("peak").cast(pl.Int8)} if "peak" in frame.columns else {}),
+        **({"spike": pl.col("spike").cast(pl.Int8)} if "spike" in frame.columns else {}),
         single=(pl.len().over("variant", "metric") == 1).cast(pl.Int8),
     )
     parse = {name: "number" for name in codes.columns}
