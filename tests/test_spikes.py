@@ -32,20 +32,42 @@ def test_a_known_spike_is_found_once_with_its_level_and_peak():
     losses = [0.3] * 300 + [4e4, 9e4, 2e3] + [0.3] * 100
     (spike,) = detect(losses)
     assert (spike["step"], spike["loss"], spike["level"]) == (300, 4e4, 0.3)
-    assert (spike["peak"], spike["peak_step"], spike["length"]) == (9e4, 301, 3)
+    assert (spike["peak"], spike["peak_step"], spike["length"], spike["end"]) == (9e4, 301, 3, 302)
 
 
 def test_update_returns_the_record_at_the_onset_only():
     detector = SpikeDetector(factor=10, window=20, warmup=10)
     returned = [detector.update(i, v) for i, v in enumerate([1.0] * 20 + [50.0, 60.0, 1.0])]
     assert [i for i, r in enumerate(returned) if r is not None] == [20]
-    assert returned[20] == {"step": 20, "loss": 50.0, "level": 1.0, "peak": 50.0, "peak_step": 20, "length": 1}
+    assert returned[20] == {
+        "step": 20,
+        "loss": 50.0,
+        "level": 1.0,
+        "peak": 50.0,
+        "peak_step": 20,
+        "length": 1,
+        "end": 20,
+    }
     assert detector.spikes[0]["peak"] == 60.0  # the stored record follows the excursion
 
 
 def test_two_separate_excursions_are_two_spikes():
     losses = [1.0] * 50 + [1e4] + [1.0] * 50 + [1e4] + [1.0] * 5
-    assert [s["step"] for s in detect(losses, factor=100, window=40, warmup=20)] == [50, 101]
+    assert [s["step"] for s in detect(losses, factor=100, window=40, warmup=20, gap=10)] == [50, 101]
+
+
+def test_a_blow_up_that_dips_below_the_threshold_is_one_excursion():
+    # The shape of the Res+None blow-up on MNIST: above the threshold, briefly back, above again.
+    losses = [0.3] * 200 + [490.0, 10.0, 294.0, 1972.0, 5.0, 5.0, 1782.0, 3.9e4] + [0.3] * 100
+    (spike,) = detect(losses, gap=5)
+    assert (spike["step"], spike["peak"], spike["peak_step"], spike["length"], spike["end"]) == (
+        200,
+        3.9e4,
+        207,
+        5,
+        207,
+    )
+    assert len(detect(losses, gap=1)) == 3
 
 
 def test_nothing_before_warmup():
@@ -69,7 +91,9 @@ def test_steps_must_increase():
         detector.update(5, 1.0)
 
 
-@pytest.mark.parametrize("kwargs", [{"factor": 1.0}, {"window": 0}, {"warmup": 0}, {"window": 10, "warmup": 11}])
+@pytest.mark.parametrize(
+    "kwargs", [{"factor": 1.0}, {"window": 0}, {"warmup": 0}, {"window": 10, "warmup": 11}, {"gap": 0}]
+)
 def test_bad_parameters_are_refused(kwargs):
     with pytest.raises(ValueError):
         SpikeDetector(**kwargs)
