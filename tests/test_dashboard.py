@@ -120,7 +120,8 @@ def test_dashboard_metrics_are_what_training_logs(tmp_path):
 def test_specs_from_sweep_files_and_store(tmp_path):
     assert spec_from_sweep_file(ROOT / "sweeps/paper_mlp.yaml") == MLP
     full = spec_from_sweep_file(ROOT / "sweeps/mlp_full_grid.yaml")
-    assert full.variant_keys == ("model.residual", "model.activation", "model.norm", "model.init_std", "optim.beta2")
+    keys = ("model.residual", "model.activation", "model.norm", "model.init_std", "optim.beta2", "optim.eps")
+    assert full.variant_keys == keys
     assert spec_from_sweep_file(ROOT / "sweeps/paper_transformer.yaml").kind == "transformer"
 
     root = tmp_path / "store"
