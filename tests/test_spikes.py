@@ -92,18 +92,31 @@ def test_steps_must_increase():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"factor": 1.0}, {"window": 0}, {"warmup": 0}, {"window": 10, "warmup": 11}, {"gap": 0}]
+    "kwargs",
+    [{"factor": 1.0}, {"window": 0}, {"warmup": 0}, {"window": 10, "warmup": 11}, {"gap": 0}, {"quantile": 1.5}],
 )
 def test_bad_parameters_are_refused(kwargs):
     with pytest.raises(ValueError):
         SpikeDetector(**kwargs)
 
 
-def test_the_level_is_the_median_of_the_window():
-    detector = SpikeDetector(factor=2, window=4, warmup=1)
-    for i, v in enumerate([9.0, 1.0, 5.0, 3.0, 7.0]):
-        detector.update(i, v)
-    assert detector.level == 4.0  # median of the last four: 1, 3, 5, 7
+def test_the_level_is_a_quantile_of_the_window():
+    values = [9.0, 1.0, 5.0, 3.0, 7.0, 2.0]  # the window of five keeps 1, 5, 3, 7, 2
+    levels = {}
+    for q in (0.0, 0.5, 0.9, 1.0):
+        detector = SpikeDetector(factor=2, window=5, warmup=1, quantile=q)
+        for i, v in enumerate(values):
+            detector.update(i, v)
+        levels[q] = detector.level
+    assert levels == {0.0: 1.0, 0.5: 3.0, 0.9: 5.0, 1.0: 7.0}
+
+
+def test_heavy_tailed_noise_of_a_fitted_model_is_not_a_spike():
+    # Late in training: most batches cost ~0.002, one in five holds a misclassified example (~0.2).
+    rng = random.Random(1)
+    losses = [0.2 if rng.random() < 0.2 else 0.002 * math.exp(rng.gauss(0, 0.5)) for _ in range(5000)]
+    assert detect(losses) == []
+    assert detect(losses, quantile=0.5)  # against the median these batches are 100x
 
 
 def test_defaults_ignore_heavy_tailed_noise_and_catch_a_paper_size_spike():
