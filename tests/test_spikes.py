@@ -229,16 +229,32 @@ def test_live_view_shows_the_spike_beside_the_metrics():
 def test_report_lists_spikes_and_marks_the_distorted_curves(spiked_store):
     root, ids = spiked_store
     (sweep,) = load_sweeps(root, "mlp")
-    assert sweep.spikes.select("variant", "seed", "step", "x", "ratio").rows() == [("Res + None", 0, 250, 3, 1.3e5)]
+    found = sweep.spikes.select("variant", "seed", "step", "x", "ratio", "found_by").rows()
+    assert found == [("Res + None", 0, 250, 3, 1.3e5, "training")]
     frame = mark_spikes(sweep, curves(sweep, ["grad_cum/v1_continuity", "weight/v1_continuity"]))
     marked = frame.filter(pl.col("spike")).select("variant", "metric", "x").rows()
     assert marked == [("Res + None", "grad_cum/v1_continuity", 3)]  # weights are drawn unmarked
 
     section = build_report(root, "mlp").sections[0]
     spikes = next(t for t in section.tables if t.title == "Loss spikes")
-    assert spikes.frame.row(0) == ("Res + None", "0", "250", "3", "1.3e+05")
+    assert spikes.frame.row(0) == ("Res + None", "0", "250", "3", "1.3e+05", "training")
     gradient = next(f for f in section.figures if f.id.endswith("-gradient"))
     assert "Red triangles" in gradient.caption
     assert "triangle-down" in json.dumps(gradient.spec())
     continuity = next(f for f in section.figures if f.id.endswith("-continuity"))
     assert "Red triangles" not in continuity.caption
+
+
+def test_report_finds_spikes_in_the_logged_loss_of_runs_without_a_record(tmp_path):
+    """A store from before the detector: the blow-up is found in train/loss as logged (every 10th step)."""
+    root = tmp_path / "store"
+    (run_id,) = write_mlp_sweep(root, "old", grid={"model.activation": ["none"]}, seeds=(0,), epochs=5)
+    folder = store.run_dir(root, "old", run_id)
+    rows = [r for r in pl.read_parquet(folder / "metrics.parquet").to_dicts() if r["name"] != "train/loss"]
+    losses = noisy_decay(500, seed=3)
+    losses[430:436] = [300.0, 4e4, 9e3, 700.0, 80.0, 30.0]  # a blow-up over 60 steps, at steps 4300-4350
+    for i, loss in enumerate(losses):
+        rows.append({"run_id": run_id, "epoch": 1 + i // 100, "step": 10 * i, "name": "train/loss", "value": loss})
+    store.write_metrics(folder, rows)
+    (sweep,) = load_sweeps(root, "old")
+    assert sweep.spikes.select("step", "x", "found_by").rows() == [(4300, 5, "logged loss")]

@@ -115,10 +115,13 @@ def _spike_table(sweep: data.Sweep) -> Table | None:
         pl.col("step").cast(pl.String),
         pl.col("x").cast(pl.String).alias(_x_title(sweep)),
         pl.col("ratio").map_elements(lambda r: f"{r:.3g}", return_dtype=pl.String).alias("loss / running level"),
+        pl.col("found_by").alias("found by"),
     )
     caption = (
         f"{frame.height} spike(s) in {sweep.spikes['run_id'].n_unique()} run(s). Final grad_cum, delta_gw and "
-        "update_ratio of these runs describe the spike rather than training; `train.grad_clip` bounds such steps."
+        "update_ratio of these runs describe the spike rather than training; `train.grad_clip` bounds such steps. "
+        "'training': recorded while the run trained (every step); 'logged loss': found here in the logged "
+        "train/loss of a run that has no record (every 10th step; a short spike can fall between samples)."
     )
     return Table("Loss spikes", caption, frame, collapsed=frame.height > 12)
 

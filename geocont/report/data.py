@@ -15,6 +15,7 @@ import polars as pl
 
 from geocont import store
 from geocont.config import ConfigError
+from geocont.metrics import spikes
 
 # Config columns that never define a variant: the seed (aggregated over), bookkeeping, tracking.
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")
@@ -39,7 +40,7 @@ class Sweep:
     variants: list[str]  # variants with a completed run (what figures draw), in the paper's order
     all_variants: list[str]  # every variant, failed and diverged ones too (the status table)
     variant_keys: list[str]  # config columns that vary across the sweep (seed excluded)
-    spikes: pl.DataFrame  # run_id, variant, seed, step, x, ratio: every loss spike of a finished run
+    spikes: pl.DataFrame  # run_id, variant, seed, step, x, ratio, found_by: every loss spike of a finished run
 
     @property
     def completed(self) -> pl.DataFrame:
@@ -91,20 +92,46 @@ def _sweep(name: str, runs: pl.DataFrame, long: pl.DataFrame) -> Sweep:
     every = sorted(set(runs["variant"]), key=lambda v: _variant_order(runs, v, keys))
     drawn = set(completed["variant"])
     variants = [v for v in every if v in drawn]
-    spikes = _spikes(long.filter(pl.col("sweep") == name), runs, x)
-    return Sweep(name, kind, runs, rows, x, variants, every, keys, spikes)
+    found = _spikes(long.filter(pl.col("sweep") == name), runs, x)
+    return Sweep(name, kind, runs, rows, x, variants, every, keys, found)
 
 
 def _spikes(long: pl.DataFrame, runs: pl.DataFrame, x: str) -> pl.DataFrame:
-    """One row per loss spike: which run, its variant and seed, the step, its x (epoch or step), loss / level."""
+    """One row per loss spike: run, variant, seed, step, x (epoch or step), loss / level, and where it was found.
+
+    Runs trained with the detector carry `train/spike` rows ("training"). For runs without any, older
+    stores included, the detector runs here over the logged train/loss ("logged loss"), its window and
+    warm-up scaled to the logging interval: a blow-up lasts dozens of steps, so the samples catch it.
+    """
     seed = pl.col("train.seed") if "train.seed" in runs.columns else pl.lit(None, dtype=pl.Int64)
     who = runs.select("run_id", "variant", seed.alias("seed"))
     found = long.filter((pl.col("name") == SPIKE) & pl.col("value").is_finite())
+    found = found.select("run_id", "step", pl.col(x).alias("x"), pl.col("value").alias("ratio"))
+    logged = long.filter((pl.col("name") == "train/loss") & ~pl.col("run_id").is_in(found["run_id"].unique()))
+    frames = [found.with_columns(found_by=pl.lit("training")), _detected(logged, x)]
     return (
-        found.join(who, on="run_id", how="inner")
-        .select("run_id", "variant", "seed", "step", pl.col(x).alias("x"), pl.col("value").alias("ratio"))
+        pl.concat(frames, how="vertical_relaxed")
+        .join(who, on="run_id", how="inner")
+        .select("run_id", "variant", "seed", "step", "x", "ratio", "found_by")
         .sort("variant", "seed", "step")
     )
+
+
+def _detected(losses: pl.DataFrame, x: str) -> pl.DataFrame:
+    """Spikes found by geocont.metrics.spikes over each run's logged (sampled) train/loss."""
+    rows = []
+    for (run_id,), run in losses.sort("step").group_by("run_id", maintain_order=True):
+        run = run.unique("step", keep="last", maintain_order=True)  # a final log may repeat the last step
+        steps = run["step"].to_list()
+        every = max(1, int(pl.Series(steps).diff().median() or 1)) if len(steps) > 1 else 1
+        window = max(10, spikes.DEFAULT_WINDOW // every)
+        warmup = max(5, spikes.DEFAULT_WARMUP // every)
+        at = dict(zip(steps, run[x].to_list()))
+        for spike in spikes.detect(run["value"].to_list(), steps=steps, window=window, warmup=warmup):
+            ratio = spike["loss"] / spike["level"]
+            rows.append({"run_id": run_id, "step": spike["step"], "x": at[spike["step"]], "ratio": ratio})
+    schema = {"run_id": pl.String, "step": pl.Int64, "x": pl.Int64, "ratio": pl.Float64}
+    return pl.DataFrame(rows, schema=schema).with_columns(found_by=pl.lit("logged loss"))
 
 
 def mark_spikes(sweep: Sweep, frame: pl.DataFrame) -> pl.DataFrame:
