@@ -15,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 
+from geocont.metrics import spikes
 from geocont.paper import format_paper_table, paper_table, pretrained_reference, table_spec
 from geocont.report import data
 from geocont.report.figures import Figure, bars_figure, curves_figure, heatmap_figure, paper_figure, role_sort, slug
@@ -100,7 +101,8 @@ def _sweep_curves(
 
 
 SPIKE_NOTE = (
-    " Red triangles: a loss spike (a step whose loss exceeded its running median by the detector's factor) in "
+    f" Red triangles: a loss spike (a step whose loss exceeded {spikes.DEFAULT_FACTOR:g}x the running "
+    f"{spikes.DEFAULT_QUANTILE:.0%} quantile of its last {spikes.DEFAULT_WINDOW} steps) in "
     "at least one seed of that variant; from there on the cumulative gradient, Delta_GW and Adam's update "
     "size are dominated by that step (table 'Loss spikes')."
 )
