@@ -7,7 +7,7 @@ import math
 
 import polars as pl
 
-from geocont.config import ROLES
+from geocont.config import LATER_FIELDS, ROLES, OptimConfig, TrainConfig
 
 KEY_METRICS = (
     "val/acc",
@@ -30,13 +30,26 @@ def spiked_runs(frame: pl.DataFrame) -> int:
     return frame.get_column(SPIKE).is_not_null().sum() if SPIKE in frame.columns else 0
 
 
+def config_column(frame: pl.DataFrame, name: str) -> pl.Series:
+    """A config column as runs read it: a field added later (config.LATER_FIELDS) is missing from the
+    config.yaml of runs written before it existed, which means its default, not a different value."""
+    column = frame.get_column(name)
+    section, _, key = name.partition(".")
+    if (section, key) in LATER_FIELDS:
+        model = {"optim": OptimConfig, "train": TrainConfig}[section]
+        default = model.model_fields[key].default
+        if default is not None:
+            column = column.fill_null(default)
+    return column
+
+
 def varying_config_columns(frame: pl.DataFrame) -> list[str]:
     """Config columns whose value differs between runs (what distinguishes the variants), seed excluded."""
     columns = []
     for name in frame.columns:
         if "." not in name or name.startswith(IGNORED_CONFIG) or "/" in name:
             continue
-        if frame.get_column(name).n_unique() > 1:
+        if config_column(frame, name).n_unique() > 1:
             columns.append(name)
     return columns
 

@@ -40,3 +40,13 @@ def test_later_fields_exist():
     cfg = RunConfig()
     for section, key in LATER_FIELDS:
         assert key in type(getattr(cfg, section)).model_fields, f"{section}.{key}"
+
+
+def test_runs_from_before_a_later_field_read_as_its_default():
+    import polars as pl
+
+    from geocont.results import varying_config_columns
+
+    old_and_new = pl.DataFrame({"optim.eps": [None, 1e-8], "model.activation": ["relu", "none"]})
+    assert varying_config_columns(old_and_new) == ["model.activation"]
+    assert "optim.eps" in varying_config_columns(pl.DataFrame({"optim.eps": [0.1, 1e-8]}))

@@ -16,6 +16,7 @@ import polars as pl
 from geocont import store
 from geocont.config import ConfigError
 from geocont.metrics import spikes
+from geocont.results import config_column
 
 # Config columns that never define a variant: the seed (aggregated over), bookkeeping, tracking.
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")
@@ -162,7 +163,7 @@ def _epochs_per_run(rows: pl.DataFrame) -> int:
 def varying_keys(runs: pl.DataFrame) -> list[str]:
     """Config columns with more than one value across the runs: what a variant is made of."""
     config_columns = [c for c in runs.columns if "." in c and "/" not in c and not NOT_VARIANT.match(c)]
-    return [c for c in config_columns if runs.get_column(c).cast(pl.String).n_unique() > 1]
+    return [c for c in config_columns if config_column(runs, c).cast(pl.String).n_unique() > 1]
 
 
 def variant_label(run: dict, keys: list[str]) -> str:
