@@ -16,7 +16,7 @@ CPU time is what the work costs even when other processes share the cores):
   Lightning, `geocont train` before its first epoch).
 
 Targets on MNIST: steady-state epoch <= 1.10x, whole processes over 3 epochs <= 1.15x. On digits the
-exact full-spectrum metrics every 24-step epoch are ~30 % of the run by design (DESIGN.md).
+exact full-spectrum metrics every 24-step epoch are ~30 % of the run by design (docs/contracts.md).
 
     python benchmarks/bench_train.py [--data digits|mnist] [--data-path DIR] [--epochs N] [--processes]
 """
