@@ -15,12 +15,15 @@ import warnings
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from geocont import store
 from geocont.config import ConfigError, RunConfig
 from geocont.datafiles import fingerprint
-from geocont.lit.progress import MetricsHook
+from geocont.metrics.spikes import SpikeDetector
+
+if TYPE_CHECKING:  # Lightning is imported only when a run starts
+    from geocont.lit.progress import MetricsHook
 
 LOG_EVERY_N_STEPS = 10  # train/loss to the loggers every 10 batches
 
@@ -99,6 +102,7 @@ def train(
         "error": error,
         "node": socket.gethostname(),
         "device": session.device,
+        "spikes": session.spikes.spikes,
         "metrics_s": round(session.metrics_s, 3),
         **(info or {}),
     }
@@ -160,6 +164,7 @@ class _Session:
         self.accelerator = accelerator
         self.steps = self.epochs = 0
         self.device, self.metrics_s = "cpu", 0.0
+        self.spikes = SpikeDetector()
 
     def prepare(self, cache_dir: Path) -> None:
         """Load the data: the one step whose failure is the user's input rather than the run."""
@@ -205,11 +210,24 @@ class _Session:
         cfg, datamodule = self.cfg, self.datamodule
         if cfg.model.kind == "mlp":
             model = build_model(cfg, in_features=datamodule.in_features, num_classes=datamodule.num_classes)
-            module = Classifier(model, cfg.optim, LOG_EVERY_N_STEPS)
+            module = Classifier(model, cfg.optim, LOG_EVERY_N_STEPS, cfg.train.grad_clip)
         else:
             model = build_model(cfg, vocab_size=datamodule.vocab_size)
-            module = LanguageModel(model, cfg.optim, LOG_EVERY_N_STEPS)
+            module = LanguageModel(model, cfg.optim, LOG_EVERY_N_STEPS, cfg.train.grad_clip)
+        module.loss_hooks.append(self._spike_hook(module))
         return module, GeometryMonitor()
+
+    def _spike_hook(self, module):
+        """Every step's loss through the spike detector; a spike's onset becomes `train/spike` (loss / level)."""
+
+        from geocont.lit.loggers import log_to_loggers
+
+        def hook(step: int, loss: float) -> None:
+            record = self.spikes.update(step, loss)
+            if record is not None:
+                log_to_loggers(module.trainer, {"train/spike": record["loss"] / record["level"]}, step=step)
+
+        return hook
 
     def _callbacks(self, monitor) -> list:
         from geocont.lit.progress import ProgressHook

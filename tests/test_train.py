@@ -141,3 +141,31 @@ def test_reduced_precision_trains_through_the_manual_step(store, precision):
         steps[p] = json.loads((results.run_dir(store, "single", cfg.run_id()) / "run.json").read_text())["steps"]
     assert steps[precision] == steps["32"] > 0  # every optimizer step counted, as in full precision
     assert result.final["val/acc"] > 0.3 and all(math.isfinite(v) for v in result.final.values())
+
+
+def test_spikes_found_during_training_land_in_run_json_and_as_train_spike(store, monkeypatch):
+    from geocont import train as train_module
+    from geocont.metrics.spikes import SpikeDetector
+
+    # the real detector, made touchy (1 % above the lowest of the last 3 steps) so ordinary noise trips it
+    touchy = {"factor": 1.01, "window": 3, "warmup": 1, "gap": 1, "quantile": 0.0}
+    monkeypatch.setattr(train_module, "SpikeDetector", lambda: SpikeDetector(**touchy))
+    result = train(resolve(tiny_run(train={"epochs": 3})), store, progress=False)
+    spikes = json.loads((result.run_dir / "run.json").read_text())["spikes"]
+    rows = pl.read_parquet(result.run_dir / "metrics.parquet").filter(pl.col("name") == "train/spike")
+    assert spikes and rows["step"].to_list() == [s["step"] for s in spikes]
+    assert rows["value"].to_list() == pytest.approx([s["loss"] / s["level"] for s in spikes])
+    assert all(v > 1.01 for v in rows["value"])
+
+
+def test_a_run_without_spikes_records_an_empty_list(store):
+    result = train(resolve(tiny_run()), store, progress=False)
+    assert json.loads((result.run_dir / "run.json").read_text())["spikes"] == []
+
+
+def test_grad_clip_bounds_every_step(store):
+    sgd = {"name": "sgd", "lr": 0.05}  # momentum 0.9: a step moves W by at most lr * max||g|| / (1 - 0.9)
+    free = train(resolve(tiny_run(optim=sgd)), store, progress=False)
+    clipped = train(resolve(tiny_run(optim=sgd, train={"grad_clip": 1e-4})), store, progress=False)
+    # ||g|| <= 1e-4: 24 steps move the weights by at most 2.4e-4 in norm
+    assert clipped.final["update_ratio"] < 0.01 < free.final["update_ratio"]

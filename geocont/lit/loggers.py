@@ -70,11 +70,12 @@ class StoreLogger(Logger):
         (self.folder / "metrics.partial.parquet").unlink(missing_ok=True)
 
 
-def log_to_loggers(trainer, values: dict[str, float], flush: bool = False) -> None:
-    """Straight to every logger of the trainer at its current step (self.log's bookkeeping costs about a
-    millisecond a call on CPU, as much as a small model's whole step). `flush` also writes the store's file."""
+def log_to_loggers(trainer, values: dict[str, float], flush: bool = False, step: int | None = None) -> None:
+    """Straight to every logger of the trainer at `step`, by default its current one (self.log's bookkeeping
+    costs about a millisecond a call on CPU, as much as a small model's whole step). `flush` also writes the
+    store's file."""
     metrics = {**values, "epoch": trainer.current_epoch}
     for logger in trainer.loggers:
-        logger.log_metrics(metrics, step=trainer.global_step)
+        logger.log_metrics(metrics, step=trainer.global_step if step is None else step)
         if flush and isinstance(logger, StoreLogger):
             logger.flush()

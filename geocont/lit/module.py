@@ -129,6 +129,11 @@ class GeoModule(pl.LightningModule):
         if log:
             log_to_loggers(self.trainer, {"train/loss": values[-1]})
 
+    def on_validation_start(self) -> None:
+        # before validation logs at the current step: the buffered steps' values (spikes) are older
+        if not self.trainer.sanity_checking:
+            self.read_losses()
+
     def on_train_epoch_end(self) -> None:
         self.read_losses()
 
