@@ -235,6 +235,7 @@ CASES = [
     ("results-unknown-option", lambda t: ["results", "runs", "--stor", "x"], "No such option: --stor"),
     # geocont report
     ("report-no-store", lambda t: ["report", "--store", str(t / "nowhere"), "-o", str(t / "r.html")], "no such folder"),
+    ("report-empty-store", lambda t: ["report", "--store", "", "-o", str(t / "r.html")], "--store: empty"),
     ("report-not-html", lambda t: ["report", "--store", _store_with_run(t), "-o", str(t / "r.txt")], "an .html file"),
     ("report-output-folder", lambda t: ["report", "--store", _store_with_run(t), "-o", _folder(t, "r.html")],
      "is a folder"),

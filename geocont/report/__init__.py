@@ -89,7 +89,8 @@ def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: lis
 
 
 def report_command(
-    store: Annotated[Path, typer.Option("--store", help="Results store folder.")] = Path("geocont-results"),
+    # a str: Path("") would be ".", and `--store ''` must be an error, not the current folder
+    store_arg: Annotated[str, typer.Option("--store", help="Results store folder.")] = "geocont-results",
     sweep: Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: every sweep).")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
     figures: Annotated[
@@ -106,6 +107,9 @@ def report_command(
     Delta_GW, init-scale dynamics, the paper's tables beside the reproduced values, per-projection
     heatmaps for transformer sweeps and `geocont analyze` outputs.
     """
+    if store_arg == "":
+        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
+    store = Path(store_arg)
     analysis = list(analysis or [])
     _check_inputs(store, output, figures, analysis)
     start = time.perf_counter()
