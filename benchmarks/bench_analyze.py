@@ -179,16 +179,7 @@ def bench_checkpoint(args) -> None:
         files = sorted(folder.glob("*.safetensors"))
         print(f"wrote {len(files)} shards to {folder} in {time.perf_counter() - t:.0f} s (planted: {args.planted})")
         ranges = analysed_ranges(folder)
-        results = {}
-        for cache in ("cold", "warm"):
-            if cache == "cold":
-                evict(files)
-            floor, nbytes = io_floor(ranges)
-            if cache == "cold":
-                evict(files)
-            wall, cpu, rss, table = run_cli(folder, folder / "pairs.parquet", folder / f"progress-{cache}.txt")
-            results[cache] = (floor, wall, cpu, rss)
-            print_run(cache, floor, nbytes, wall, cpu, rss)
+        results, table = cold_and_warm(folder, files, ranges, folder)
         progress = (folder / "progress-cold.txt").read_text().strip().splitlines()
         print(f"progress output (stderr, last line): {progress[-1] if progress else '(none)'}")
         print(json.dumps(table))
@@ -248,14 +239,7 @@ def bench_gguf(args) -> None:
     files = sorted({s.info.file for s in slots})
     out = Path(tempfile.mkdtemp(prefix="geocont-bench-gguf-", dir=args.dir))
     try:
-        for cache in ("cold", "warm"):
-            if cache == "cold":
-                evict(files)
-            floor, nbytes = io_floor(ranges)
-            if cache == "cold":
-                evict(files)
-            wall, cpu, rss, table = run_cli(path, out / "pairs.parquet", out / f"progress-{cache}.txt")
-            print_run(cache, floor, nbytes, wall, cpu, rss)
+        _, table = cold_and_warm(path, files, ranges, out)
         print("| role | v1 | u1 | defined | stored |")
         print("|---|---|---|---|---|")
         for role, v in table.items():
@@ -337,6 +321,23 @@ def bench_accuracy(args) -> None:
                 del W
     print(f"worst |cos| where s1/s2 >= {GAP_THRESHOLD}: {worst:.6f} (target >= 0.999); {load()}")
     print(f"wrong side of the threshold (defined <=> s1/s2 >= {GAP_THRESHOLD}): {'; '.join(misses) or 'none'}")
+
+
+def cold_and_warm(target: Path, files: list[Path], ranges, out: Path) -> tuple[dict, dict]:
+    """`geocont analyze target` with the page cache evicted, then warm; each beside its I/O floor.
+
+    Returns {cache: (floor, wall, cpu, rss)} and the last run's table."""
+    results, table = {}, {}
+    for cache in ("cold", "warm"):
+        if cache == "cold":
+            evict(files)
+        floor, nbytes = io_floor(ranges)
+        if cache == "cold":
+            evict(files)
+        wall, cpu, rss, table = run_cli(target, out / "pairs.parquet", out / f"progress-{cache}.txt")
+        results[cache] = (floor, wall, cpu, rss)
+        print_run(cache, floor, nbytes, wall, cpu, rss)
+    return results, table
 
 
 def main() -> None:
