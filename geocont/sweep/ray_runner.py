@@ -322,8 +322,7 @@ def trainable(config: dict[str, Any], *, store: str, sweep: str, threads: int, g
     }
     if is_done(Path(store), sweep, spec["run_id"]):  # an earlier attempt finished, then its worker died
         tune.report({"run_status": results.read_run_info(store, sweep, spec["run_id"])["status"]})
-        return
-    clear_unfinished(Path(store), sweep, [spec["run_id"]])  # a retry after a lost worker starts clean
+        return  # (an unfinished folder of a lost attempt is cleared by train() itself)
     last_epoch, last_report = 0, -math.inf
 
     def on_metrics(epoch: int, step: int, values: dict[str, float]) -> None:
