@@ -63,12 +63,14 @@ def train(
     kept = Path(store) / "single" / result.run_id
     if result.run_dir != kept:
         typer.echo(f"the finished result in {kept} is kept; this attempt is in {result.run_dir}", err=True)
-    from geocont.results import KEY_METRICS, markdown, role_table
+    from geocont import kinds
+    from geocont.metrics import catalog
+    from geocont.results import markdown, role_table
 
-    for name in KEY_METRICS:
+    for name in catalog.TABLE:
         if name in result.final:
             typer.echo(f"  {name:28s} {result.final[name]:.4f}")
-    roles = role_table(result.final)
+    roles = role_table(result.final, kinds.get(cfg.model.kind).roles)
     if roles is not None:
         typer.echo(markdown(roles))
     if result.status == "failed":

@@ -12,112 +12,24 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    ValidationError,
-    model_validator,
-)
+from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from geocont import kinds
+from geocont.fields import ConfigError, Int, ModelSection, Number, PositiveFloat, PositiveInt, Strict
+from geocont.kinds.mlp import MLPConfig as MLPConfig
+from geocont.kinds.transformer import ROLES as ROLES
+from geocont.kinds.transformer import TransformerConfig as TransformerConfig
 
 PRESET_DIR = Path(__file__).parent / "presets"
-
-# The projection roles of a transformer block, in the order tables list them; metric names use them
-# (`weight/q/v1_continuity`), as do checkpoint analysis, reports and dashboards.
-ROLES = ("q", "k", "v", "o", "gate", "up", "down")
-
-MLPActivation = Literal["relu", "gelu", "silu", "tanh", "none", "radial"]
-LMActivation = Literal["silu", "relu", "gelu", "none"]
+IMAGE_SETS = ("digits", "mnist")
+TEXT_CORPORA = ("stdlib", "text", "wikitext103")
 
 
-class ConfigError(ValueError):
-    """Bad user input. `problems` holds one line per problem, each naming the dotted path."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = problems
-        super().__init__("\n".join(problems))
-
-    def __reduce__(self):
-        # Pickled across Ray process boundaries: rebuild from the list, not from the joined message.
-        return (type(self), (self.problems,))
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _not_bool(value: Any) -> Any:
-    # pydantic reads `true` as 1 for a number field; a user who typed a bool meant something else.
-    if isinstance(value, bool):
-        raise ValueError(f"got {value!r}, a bool; allowed: a number")
-    return value
-
-
-# Numbers as the config reads them: no bools, no inf/nan (a learning rate of inf is never meant).
-Number = Annotated[float, BeforeValidator(_not_bool), Field(allow_inf_nan=False)]
-PositiveFloat = Annotated[Number, Field(gt=0)]
-Int = Annotated[int, BeforeValidator(_not_bool)]
-PositiveInt = Annotated[Int, Field(gt=0)]
-# Continuity compares consecutive layers: one layer has nothing to compare (the metrics would raise mid-run).
-Depth = Annotated[Int, Field(ge=2)]
-
-
-class MLPConfig(_Strict):
-    """Residual MLP: input projection -> `depth` blocks of width `width` -> classifier head."""
-
-    kind: Literal["mlp"] = "mlp"
-    depth: Depth = 16
-    width: PositiveInt = 256
-    residual: bool = True
-    activation: MLPActivation = "relu"
-    norm: Literal["none", "layernorm", "rmsnorm"] = "none"
-    init_std: PositiveFloat | None = None  # None: PyTorch's default init for the hidden blocks
-    bias: bool = True
-
-
-class TransformerConfig(_Strict):
-    """Llama-style decoder: RMSNorm pre-norm blocks, RoPE attention, gated MLP."""
-
-    kind: Literal["transformer"] = "transformer"
-    depth: Depth = 8
-    width: PositiveInt = 512
-    heads: PositiveInt = 8
-    kv_heads: PositiveInt = 8
-    mlp_width: PositiveInt = 1376
-    activation: LMActivation = "silu"
-    residual: bool = True
-    norm: Literal["rmsnorm", "none"] = "rmsnorm"
-    init_std: PositiveFloat | None = None
-
-    @model_validator(mode="after")
-    def _heads_divide(self) -> TransformerConfig:
-        if self.width % self.heads:
-            raise ValueError(f"model.width ({self.width}) must be divisible by model.heads ({self.heads})")
-        if (self.width // self.heads) % 2:
-            raise ValueError(f"model.width / model.heads must be even for RoPE, got {self.width // self.heads}")
-        if self.heads % self.kv_heads:
-            raise ValueError(f"model.heads ({self.heads}) must be divisible by model.kv_heads ({self.kv_heads})")
-        return self
-
-
-def _model_kind(value: Any) -> str:
-    # `kind` may be left out: a model section without it is the MLP.
-    return value.get("kind", "mlp") if isinstance(value, dict) else getattr(value, "kind", "mlp")
-
-
-ModelConfig = Annotated[
-    Annotated[MLPConfig, Tag("mlp")] | Annotated[TransformerConfig, Tag("transformer")],
-    Discriminator(_model_kind),
-]
-
-
-class DataConfig(_Strict):
+class DataConfig(Strict):
     name: Literal["digits", "mnist", "stdlib", "text", "wikitext103"] = "digits"
     path: str | None = None  # mnist: folder of IDX files; text: folder of text files
     seq_len: PositiveInt = 256
@@ -132,7 +44,7 @@ class DataConfig(_Strict):
         return self
 
 
-class OptimConfig(_Strict):
+class OptimConfig(Strict):
     name: Literal["adam", "adamw", "sgd"] = "adam"
     lr: PositiveFloat = 1.0e-3
     beta1: Number = Field(0.9, ge=0.0, lt=1.0)
@@ -143,7 +55,7 @@ class OptimConfig(_Strict):
     eps: PositiveFloat = 1.0e-8
 
 
-class TrainConfig(_Strict):
+class TrainConfig(Strict):
     epochs: PositiveInt = 30
     batch_size: PositiveInt = 64
     seed: Int = Field(0, ge=0)
@@ -166,14 +78,14 @@ class TrainConfig(_Strict):
         return data
 
 
-class WandbConfig(_Strict):
+class WandbConfig(Strict):
     mode: Literal["offline", "online", "disabled"] = "offline"
     project: str = "geocont"
     entity: str | None = None
     group: str | None = None  # a sweep's trials get the sweep's name
 
 
-class TrackingConfig(_Strict):
+class TrackingConfig(Strict):
     wandb: WandbConfig = WandbConfig()
     tensorboard: bool = True
 
@@ -182,26 +94,37 @@ class TrackingConfig(_Strict):
 LATER_FIELDS = (("optim", "eps"), ("train", "grad_clip"))
 
 
-class RunConfig(_Strict):
+class RunConfig(Strict):
     """One training run. Every field has a default; YAML keys are these names."""
 
-    model: ModelConfig = MLPConfig()
+    model: SerializeAsAny[ModelSection] = MLPConfig()
     data: DataConfig = DataConfig()
     optim: OptimConfig = OptimConfig()
     train: TrainConfig = TrainConfig()
     tracking: TrackingConfig = TrackingConfig()
     preset: str | None = None
 
+    @field_validator("model", mode="wrap")
+    @classmethod
+    def _section_of_its_kind(cls, value: Any, handler: Any) -> ModelSection:
+        """The `model:` section as its kind's class (geocont.kinds); a section without `kind` is the MLP."""
+        if isinstance(value, ModelSection):
+            return value
+        if not isinstance(value, dict):
+            return handler(value)  # pydantic's own "should be a valid dictionary" error
+        name = value.get("kind", kinds.DEFAULT)
+        if name not in kinds.names():
+            allowed = ", ".join(repr(k) for k in kinds.names())
+            raise PydanticCustomError("union_tag_invalid", "unknown kind", {"tag": name, "expected_tags": allowed})
+        return kinds.get(name).config.model_validate(value)
+
     @model_validator(mode="after")
     def _data_fits_model(self) -> RunConfig:
-        language = self.data.name in ("stdlib", "text", "wikitext103")
-        if self.model.kind == "mlp" and language:
-            raise ValueError(f"data.name '{self.data.name}' is a text corpus; model.kind 'mlp' needs digits or mnist")
-        if self.model.kind == "transformer" and not language:
-            raise ValueError(
-                f"data.name '{self.data.name}' is an image set; model.kind 'transformer' needs stdlib, text or "
-                "wikitext103"
-            )
+        needs = kinds.get(self.model.kind).data
+        if self.data.name not in needs:
+            what = "a text corpus" if self.data.name in TEXT_CORPORA else "an image set"
+            kind = self.model.kind
+            raise ValueError(f"data.name '{self.data.name}' is {what}; model.kind '{kind}' needs {_either(needs)}")
         return self
 
     def run_id(self) -> str:
@@ -219,6 +142,11 @@ class RunConfig(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+
+def _either(names: tuple[str, ...]) -> str:
+    """('a', 'b', 'c') -> 'a, b or c'."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,8 +290,7 @@ def describe_errors(
     """
     lines = []
     for e in err.errors(include_url=False):
-        # Discriminated unions add the tag ('mlp') to the location; users never typed it.
-        loc = [str(p) for p in e["loc"] if p not in ("mlp", "transformer")]
+        loc = [str(p) for p in e["loc"]]
         path = ".".join([prefix, *loc] if prefix else loc) if loc else (prefix or "config")
         line = f"{path}: {_explain(e)}"
         keys = allowed(".".join(loc[:-1])) if allowed and e["type"] == "extra_forbidden" else None
@@ -376,9 +303,10 @@ def describe_errors(
 def run_config_keys(raw: dict[str, Any]) -> Callable[[str], list[str]]:
     """section -> its keys in a RunConfig like `raw` (the model's keys depend on its kind)."""
     model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    kind = model.get("kind", kinds.DEFAULT)
     sections: dict[str, type[BaseModel]] = {
         "": RunConfig,
-        "model": TransformerConfig if model.get("kind") == "transformer" else MLPConfig,
+        "model": kinds.get(kind).config if kind in kinds.names() else MLPConfig,
         "data": DataConfig,
         "optim": OptimConfig,
         "train": TrainConfig,
@@ -436,8 +364,3 @@ def with_problems(problems: list[str], build: Callable[[], Any]) -> Any:
     if problems:
         raise ConfigError(problems)
     return value
-
-
-def load_yaml(path: str | Path) -> RunConfig:
-    """docs/architecture.md's name for loading one run config."""
-    return load_run(path)

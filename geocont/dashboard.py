@@ -1,7 +1,7 @@
 """wandb workspace and report of a sweep, defined as code (wandb-workspaces), and `geocont dashboard push`.
 
-The layout is data (`sections()`): which metrics a sweep kind shows, in which section, as line
-plots against epoch (MLP) or step (language models), runs grouped by the config keys that vary
+The layout is data, declared by each model kind (geocont.kinds: its `dashboard` sections, line
+plots against its x axis, epoch for the MLP, step for language models), runs grouped by the config keys that vary
 across the sweep (mean line, stddev band over seeds) and filtered to the sweep's wandb group (the
 Ray runner logs every trial of a sweep under `group=<sweep name>`). The builders turn it into
 `wandb_workspaces` objects offline; only `push` talks to W&B. wandb-workspaces is imported lazily
@@ -18,26 +18,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from geocont.config import ROLES, ConfigError
+from geocont import kinds
+from geocont.config import ConfigError
+from geocont.kinds.base import Panel, Section
 
 if TYPE_CHECKING:
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 
-X_AXIS = {"mlp": "epoch", "transformer": "trainer/global_step"}  # Lightning's WandbLogger logs both
-
-
-@dataclass(frozen=True)
-class Panel:
-    metric: str
-    kind: str = "line"  # "line": mean and stddev band over each group's runs vs x; "bar": final value per group
-
-
-@dataclass(frozen=True)
-class Section:
-    title: str
-    panels: tuple[Panel, ...]
-    columns: int = 3
+# Lightning's WandbLogger logs both; a kind's x_axis (geocont.kinds) picks one.
+WANDB_X = {"epoch": "epoch", "step": "trainer/global_step"}
 
 
 @dataclass(frozen=True)
@@ -45,44 +35,17 @@ class DashboardSpec:
     """What a sweep's dashboards need: its name (the wandb group), model kind and the keys its variants vary."""
 
     sweep: str
-    kind: str  # "mlp" | "transformer"
+    kind: str  # model.kind (geocont.kinds)
     variant_keys: tuple[str, ...]
 
     @property
     def x_axis(self) -> str:
-        return X_AXIS[self.kind]
-
-
-def _lines(*metrics: str) -> tuple[Panel, ...]:
-    return tuple(Panel(m) for m in metrics)
+        return WANDB_X[kinds.get(self.kind).x_axis]
 
 
 def sections(kind: str) -> list[Section]:
-    """The dashboard layout of a sweep kind; metric names as docs/contracts.md fixes them."""
-    if kind == "mlp":
-        return [
-            Section("Weight continuity", _lines(
-                "weight/v1_continuity", "weight/u1_continuity", "weight/sigma2_continuity",
-                "weight/sigma2_continuity_u", "weight/spectral_gap")),
-            Section("Gradient coherence and Delta_GW", (*_lines(
-                "grad_init/v1_continuity", "grad_cum/v1_continuity", "grad_cum/u1_continuity",
-                "delta_gw/v1", "delta_gw/u1"), Panel("delta_gw/v1", "bar"))),
-            Section("Update ratio", _lines("update_ratio")),
-            Section("Accuracy and loss", _lines("val/acc", "val/loss", "train/loss")),
-        ]  # fmt: skip
-    if kind == "transformer":
-        return [
-            Section("Per-projection continuity, input space (v1)",
-                    _lines(*(f"weight/{r}/v1_continuity" for r in ROLES)), columns=4),
-            Section("Per-projection continuity, output space (u1)",
-                    _lines(*(f"weight/{r}/u1_continuity" for r in ROLES)), columns=4),
-            Section("Per-projection Delta_GW",
-                    _lines(*(f"delta_gw/{r}/{s}" for s in ("v1", "u1") for r in ROLES)), columns=4),
-            Section("Update ratio per projection",
-                    _lines("update_ratio", *(f"update_ratio/{r}" for r in ROLES)), columns=4),
-            Section("Perplexity and loss", _lines("val/ppl", "val/loss", "train/loss")),
-        ]  # fmt: skip
-    raise ConfigError([f"model.kind: unknown kind {kind!r}; allowed: mlp, transformer"])
+    """The dashboard layout of a model kind (its ModelKind.dashboard; metric names from the catalogue)."""
+    return list(kinds.get(kind).dashboard)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -197,7 +160,7 @@ def spec_from_store(store: Path, sweep: str) -> DashboardSpec:
 
     runs = results.runs(store, sweep).collect() if (store / sweep).is_dir() else None
     if runs is not None and not runs.is_empty():
-        kind = str(runs["model.kind"][0]) if "model.kind" in runs.columns else "mlp"
+        kind = str(runs["model.kind"][0]) if "model.kind" in runs.columns else kinds.DEFAULT
         return DashboardSpec(sweep, kind, tuple(varying_keys(runs)))
     recorded = store / sweep / "sweep.yaml"
     if recorded.is_file():

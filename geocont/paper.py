@@ -21,7 +21,8 @@ from typing import Any
 import polars as pl
 
 from geocont.config import ConfigError
-from geocont.results import SPIKE, spiked_runs
+from geocont.metrics.catalog import SPIKE
+from geocont.results import spiked_runs
 
 REFERENCE_PATH = Path(__file__).parent / "paper" / "reference.json"
 TABLES = ("mlp", "transformer")

@@ -13,13 +13,12 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from geocont import kinds
 from geocont.config import ConfigError, RunConfig
 from geocont.datafiles import data_problems
 
 WANDB_DEFAULT_HOST = "api.wandb.ai"
 BYTES_PER_PARAMETER = 16  # fp32 weight, its gradient and Adam's two moments
-MAX_IMAGE_FEATURES = 28 * 28  # MNIST's, the largest input of the image sets
-BYTE_VOCAB = 256
 # A cluster's nodes are unknown before Ray connects: only what no machine could hold is refused up front
 # (the trial checks again on its node).
 CLUSTER_NODE_MAX_MEMORY = 2**44  # 16 TiB
@@ -76,13 +75,8 @@ def run_problems(cfg: RunConfig, memory: int | None = None) -> list[str]:
 
 
 def parameter_count(cfg: RunConfig) -> int:
-    """About how many parameters the config's model has (an upper bound for the image sets' inputs)."""
-    m = cfg.model
-    if m.kind == "mlp":
-        return m.depth * m.width * (m.width + 1) + m.width * (MAX_IMAGE_FEATURES + 11)
-    vocab = cfg.data.vocab_size if cfg.data.tokenizer == "bpe" else BYTE_VOCAB
-    block = 4 * m.width * m.width + 3 * m.width * m.mlp_width  # attention projections + gated MLP
-    return m.depth * block + 2 * vocab * m.width  # embedding and head
+    """About how many parameters the config's network has (its model kind's estimate)."""
+    return kinds.get(cfg.model.kind).parameters(cfg)
 
 
 def machine_memory() -> int:
@@ -97,7 +91,7 @@ def size_problems(cfg: RunConfig, memory: int | None = None) -> list[str]:
     if need <= memory:
         return []
     m = cfg.model
-    sizes = f"depth {m.depth}, width {m.width}" + (f", mlp_width {m.mlp_width}" if m.kind == "transformer" else "")
+    sizes = ", ".join(f"{k} {getattr(m, k)}" for k in ("depth", "width", "mlp_width") if hasattr(m, k)) or "the network"
     return [
         f"model: {sizes} has about {parameter_count(cfg):.2g} parameters, {need / 1e9:.3g} GB to train; "
         f"this machine has {memory / 1e9:.3g} GB; allowed: a model that fits in memory"

@@ -7,27 +7,15 @@ import math
 
 import polars as pl
 
-from geocont.config import LATER_FIELDS, ROLES, OptimConfig, TrainConfig
+from geocont.config import LATER_FIELDS, OptimConfig, TrainConfig
+from geocont.metrics import catalog
 
-KEY_METRICS = (
-    "val/acc",
-    "val/ppl",
-    "grad_init/v1_continuity",
-    "grad_cum/v1_continuity",
-    "weight/v1_continuity",
-    "weight/u1_continuity",
-    "weight/sigma2_continuity",
-    "delta_gw/v1",
-)
 IGNORED_CONFIG = ("train.seed", "tracking.", "preset")
-# Logged at each loss spike's step with value loss / running level (geocont.metrics.spikes); a run's
-# final value is its last spike's ratio, and a run without spikes has none.
-SPIKE = "train/spike"
 
 
 def spiked_runs(frame: pl.DataFrame) -> int:
     """How many of the runs in `frame` had at least one loss spike."""
-    return frame.get_column(SPIKE).is_not_null().sum() if SPIKE in frame.columns else 0
+    return frame.get_column(catalog.SPIKE).is_not_null().sum() if catalog.SPIKE in frame.columns else 0
 
 
 def config_column(frame: pl.DataFrame, name: str) -> pl.Series:
@@ -54,8 +42,8 @@ def varying_config_columns(frame: pl.DataFrame) -> list[str]:
     return columns
 
 
-def role_table(final: dict[str, float]) -> pl.DataFrame | None:
-    """Per-projection weight continuity of a transformer run (None for a model without roles)."""
+def role_table(final: dict[str, float], roles: tuple[str, ...]) -> pl.DataFrame | None:
+    """Per-role weight continuity of a run whose kind has weight roles (None for a model without roles)."""
     rows = [
         {
             "role": role,
@@ -65,7 +53,7 @@ def role_table(final: dict[str, float]) -> pl.DataFrame | None:
             "grad_cum v1": final.get(f"grad_cum/{role}/v1_continuity"),
             "delta_gw v1": final.get(f"delta_gw/{role}/v1"),
         }
-        for role in ROLES
+        for role in roles
         if f"weight/{role}/v1_continuity" in final
     ]
     return pl.DataFrame(rows) if rows else None
@@ -75,7 +63,7 @@ def runs_table(frame: pl.DataFrame) -> pl.DataFrame:
     """One row per run: sweep, id, status, the varying config, seed, the key metrics present, and
     `train/spike` (the last spike's loss / level) when any run had a spike."""
     variant = varying_config_columns(frame)
-    metrics = [m for m in (*KEY_METRICS, SPIKE) if m in frame.columns]
+    metrics = [m for m in (*catalog.TABLE, catalog.SPIKE) if m in frame.columns]
     seed = ["train.seed"] if "train.seed" in frame.columns else []
     columns = ["sweep", "run_id", "status", *variant, *seed, *metrics]
     return frame.select(columns).sort(["sweep", *variant, *seed])
@@ -86,10 +74,10 @@ def aggregate_table(frame: pl.DataFrame) -> pl.DataFrame:
     (runs with a loss spike) when any run had one: their grad_cum and delta_gw describe that step."""
     done = frame.filter(pl.col("status") == "completed")
     variant = ["sweep", *varying_config_columns(frame)]
-    metrics = [m for m in KEY_METRICS if m in done.columns]
+    metrics = [m for m in catalog.TABLE if m in done.columns]
     aggs = [pl.len().alias("runs")]
-    if SPIKE in done.columns:
-        aggs.append(pl.col(SPIKE).is_not_null().sum().alias("spiked"))
+    if catalog.SPIKE in done.columns:
+        aggs.append(pl.col(catalog.SPIKE).is_not_null().sum().alias("spiked"))
     for m in metrics:
         aggs += [pl.col(m).mean().alias(f"{m} mean"), pl.col(m).std().alias(f"{m} std")]
     return done.group_by(variant).agg(aggs).sort(variant)

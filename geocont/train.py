@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geocont import store
+from geocont import kinds, store
 from geocont.config import ConfigError, RunConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
@@ -204,16 +204,10 @@ class _Session:
 
     def _build(self):
         from geocont.lit.callbacks import GeometryMonitor
-        from geocont.lit.module import Classifier, LanguageModel
-        from geocont.models import build_model
 
-        cfg, datamodule = self.cfg, self.datamodule
-        if cfg.model.kind == "mlp":
-            model = build_model(cfg, in_features=datamodule.in_features, num_classes=datamodule.num_classes)
-            module = Classifier(model, cfg.optim, LOG_EVERY_N_STEPS, cfg.train.grad_clip)
-        else:
-            model = build_model(cfg, vocab_size=datamodule.vocab_size)
-            module = LanguageModel(model, cfg.optim, LOG_EVERY_N_STEPS, cfg.train.grad_clip)
+        cfg, kind = self.cfg, kinds.get(self.cfg.model.kind)
+        model = kind.build_network(cfg.model, self.datamodule)
+        module = kind.lightning_class()(model, cfg.optim, LOG_EVERY_N_STEPS, cfg.train.grad_clip)
         module.loss_hooks.append(self._spike_hook(module))
         return module, GeometryMonitor()
 

@@ -17,7 +17,6 @@ from geocont import store
 from geocont.cli import app
 from geocont.config import ConfigError, resolve
 from geocont.dashboard import (
-    ROLES,
     DashboardSpec,
     build_report,
     build_workspace,
@@ -26,6 +25,7 @@ from geocont.dashboard import (
     spec_from_store,
     spec_from_sweep_file,
 )
+from geocont.kinds.transformer import ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = DashboardSpec("paper-mlp", "mlp", ("model.residual", "model.activation", "model.norm"))

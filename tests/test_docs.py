@@ -20,8 +20,10 @@ import pytest
 import typer
 from pydantic import BaseModel
 
+from geocont import kinds
 from geocont.cli import app
 from geocont.config import ROLES, RunConfig, preset_names
+from geocont.fields import ModelSection
 from geocont.metrics.geometry import DIRECTION_KEYS, WEIGHT_KEYS
 from geocont.sweep.spec import METRICS, SpaceParam, SweepConfig
 
@@ -139,6 +141,8 @@ def test_contracts_document_every_command_and_option(command):
 
 def _models_in(annotation) -> list[type[BaseModel]]:
     """The pydantic models an annotation is made of (through Optional, unions and Annotated), not inside containers."""
+    if annotation is ModelSection:  # the `model:` section: every registered kind's own class
+        return [kind.config for kind in kinds.registered()]
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     origin = typing.get_origin(annotation)

@@ -10,11 +10,13 @@ layer and role: q, k, v, o (attention) and gate, up, down (MLP), PyTorch orienta
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geocont.config import ROLES, TransformerConfig
+from geocont.kinds.transformer import ROLES, TransformerConfig
 from geocont.models.layers import make_activation, make_norm
 
 DEFAULT_INIT_STD = 0.02  # GPT-2 / Llama reference init
@@ -152,3 +154,8 @@ class Llama(nn.Module):
         """Trainable parameter count; embeddings=False leaves out the token embedding and LM head."""
         skip = set() if embeddings else {id(self.embed.weight), id(self.head.weight)}
         return sum(p.numel() for p in self.parameters() if id(p) not in skip)
+
+
+def build(cfg: TransformerConfig, data: Any) -> Llama:
+    """The kind's network builder (geocont.kinds.transformer): the vocabulary from the data module."""
+    return Llama(cfg, vocab_size=data.vocab_size)

@@ -10,9 +10,11 @@ projection and the head have other shapes and roles and are left out of it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import Tensor, nn
 
-from geocont.config import MLPConfig
+from geocont.kinds.mlp import MLPConfig
 from geocont.models.layers import make_activation, make_norm
 
 
@@ -50,3 +52,8 @@ class ResidualMLP(nn.Module):
     def weight_groups(self) -> dict[str, list[nn.Parameter]]:
         """The same-role matrices whose continuity is measured: one group, the hidden blocks."""
         return {"": [b.linear.weight for b in self.blocks]}
+
+
+def build(cfg: MLPConfig, data: Any) -> ResidualMLP:
+    """The kind's network builder (geocont.kinds.mlp): sizes from the data module."""
+    return ResidualMLP(cfg, in_features=data.in_features, num_classes=data.num_classes)

@@ -62,8 +62,8 @@ def sweep_section(sweep: data.Sweep) -> Section:
     section = Section(slug(sweep.name), f"Sweep {sweep.name}", summary)
     status = data.status_counts(sweep)
     section.blocks.append(Table("Runs per variant and status", "", _text(status), collapsed=status.height > 12))
-    builders = _MLP if sweep.kind == "mlp" else _TRANSFORMER
-    for builder in (_spike_table, *builders, _paper, paper_comparison):
+    figures = [FIGURES[name] for name in sweep.model_kind.report]
+    for builder in (_spike_table, *figures, _paper, paper_comparison):
         block = builder(sweep)
         if block is not None:
             section.blocks.append(block)
@@ -225,7 +225,7 @@ def _continuity_roles(sweep: data.Sweep) -> Figure | None:
     by_role = [n for n in data.metric_names(sweep) if data.ROLE_METRIC.match(n)]
     if not by_role:
         return None
-    roles = role_sort(sorted({data.ROLE_METRIC.match(n)["role"] for n in by_role}))
+    roles = role_sort(sorted({data.ROLE_METRIC.match(n)["role"] for n in by_role}), sweep.model_kind.roles)
     names = [f"weight/{r}/{s}_continuity" for s in ("v1", "u1") for r in roles]
     names = [n for n in names if n in set(by_role)]
     return _sweep_curves(
@@ -252,7 +252,7 @@ def _projection_heatmap(sweep: data.Sweep) -> Figure | None:
         y="variant",
         value="value",
         facet="space",
-        x_sort=role_sort(grid["role"].unique().to_list()),
+        x_sort=role_sort(grid["role"].unique().to_list(), sweep.model_kind.roles),
         y_sort=sweep.variants,
         facet_sort=["v1", "u1"],
     )
@@ -272,7 +272,7 @@ def _delta_heatmap(sweep: data.Sweep) -> Figure | None:
         y="variant",
         value="value",
         facet="space",
-        x_sort=role_sort(grid["role"].unique().to_list()),
+        x_sort=role_sort(grid["role"].unique().to_list(), sweep.model_kind.roles),
         y_sort=sweep.variants,
         facet_sort=["v1", "u1"],
         domain=(-1.0, 1.0),
@@ -281,13 +281,23 @@ def _delta_heatmap(sweep: data.Sweep) -> Figure | None:
     )
 
 
-_MLP = (_continuity_mlp, _gradient, _delta_bars, _training, _init_scale)
-# Per-role gradient curves would be 42 panels: transformers get Delta_GW as one role x space heatmap instead.
-_TRANSFORMER = (_continuity_roles, _projection_heatmap, _delta_heatmap, _training)
+# The figures a model kind can name in its `report` (geocont.kinds.base.ModelKind), in no particular order.
+FIGURES = {
+    "continuity": _continuity_mlp,
+    "gradient": _gradient,
+    "delta_bars": _delta_bars,
+    "training": _training,
+    "init_scale": _init_scale,
+    "role_continuity": _continuity_roles,
+    "projection_heatmap": _projection_heatmap,
+    "delta_heatmap": _delta_heatmap,
+}
 
 
 def _paper(sweep: data.Sweep) -> Table | None:
-    which = "mlp" if sweep.kind == "mlp" else "transformer"
+    which = sweep.model_kind.paper_table
+    if which is None:
+        return None
     table = paper_table(sweep.runs, which)
     table = table.filter((pl.col("runs") > 0) | (pl.col("diverged") > 0))
     if table.is_empty():
@@ -303,7 +313,9 @@ def _paper(sweep: data.Sweep) -> Table | None:
 
 def paper_comparison(sweep: data.Sweep) -> Figure | None:
     """The reproduced table as a figure (for a paper): one panel per column."""
-    which = "mlp" if sweep.kind == "mlp" else "transformer"
+    which = sweep.model_kind.paper_table
+    if which is None:
+        return None
     table = paper_table(sweep.runs, which).filter(pl.col("runs") > 0)
     if table.is_empty():
         return None

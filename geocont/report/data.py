@@ -13,18 +13,17 @@ from pathlib import Path
 
 import polars as pl
 
-from geocont import store
+from geocont import kinds, store
 from geocont.config import ConfigError
-from geocont.metrics import spikes
+from geocont.metrics import catalog, spikes
 from geocont.results import config_column
 
 # Config columns that never define a variant: the seed (aggregated over), bookkeeping, tracking.
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")
 ROLE_METRIC = re.compile(r"^weight/(?P<role>[a-z]+)/(?P<space>v1|u1)_continuity$")
 PAPER_KEYS = ("model.residual", "model.activation", "model.norm")
-# Loss spikes (geocont.metrics.spikes): logged at the spike's step, value loss / running level. One huge
-# step swamps the cumulative gradient (and so Delta_GW) and Adam's second moments (the update ratio).
-SPIKE = "train/spike"
+# One huge step swamps the cumulative gradient (and so Delta_GW) and Adam's second moments (the update ratio).
+SPIKE = catalog.SPIKE
 SPIKE_DISTORTS = re.compile(r"^(grad_cum|delta_gw)/|^update_ratio|^train/loss$")
 ACTIVATION_NAMES = {"relu": "ReLU", "gelu": "GELU", "silu": "SiLU", "tanh": "Tanh", "none": "None", "radial": "Radial"}
 
@@ -34,7 +33,7 @@ class Sweep:
     """One sweep's runs (one row each, with `variant`) and long metrics of its completed runs."""
 
     name: str
-    kind: str  # "mlp" | "transformer" (model.kind of the first run)
+    kind: str  # model.kind of the first run (geocont.kinds)
     runs: pl.DataFrame
     metrics: pl.DataFrame  # run_id, variant, x, name, value (finite values of completed runs only)
     x: str  # "epoch", or "step" when every run logs within one epoch (language models)
@@ -42,6 +41,10 @@ class Sweep:
     all_variants: list[str]  # every variant, failed and diverged ones too (the status table)
     variant_keys: list[str]  # config columns that vary across the sweep (seed excluded)
     spikes: pl.DataFrame  # run_id, variant, seed, step, x, ratio, found_by: every loss spike of a finished run
+
+    @property
+    def model_kind(self) -> kinds.ModelKind:
+        return kinds.get(self.kind)
 
     @property
     def completed(self) -> pl.DataFrame:
@@ -78,7 +81,7 @@ def _sweep(name: str, runs: pl.DataFrame, long: pl.DataFrame) -> Sweep:
     keys = varying_keys(runs)
     runs = runs.with_columns(variant=pl.Series([variant_label(r, keys) for r in runs.iter_rows(named=True)]))
     runs = runs.sort("variant")
-    kind = str(runs["model.kind"][0]) if "model.kind" in runs.columns else "mlp"
+    kind = str(runs["model.kind"][0]) if "model.kind" in runs.columns else kinds.DEFAULT
     completed = runs.filter(pl.col("status") == "completed").select("run_id", "variant")
     rows = long.filter(pl.col("sweep") == name).join(completed, on="run_id", how="inner")
     rows = rows.filter(pl.col("value").is_finite())
@@ -182,10 +185,8 @@ def variant_label(run: dict, keys: list[str]) -> str:
 
 
 def _norm_label(run: dict) -> str:
-    norm, kind = run.get("model.norm"), run.get("model.kind")
-    if kind == "transformer":
-        return "Norm" if norm == "rmsnorm" else "NoNorm" if norm == "none" else ""
-    return {"layernorm": "LN", "rmsnorm": "RMSNorm"}.get(norm or "", "")
+    kind = kinds.get(run.get("model.kind") or kinds.DEFAULT)
+    return kind.norm_labels.get(run.get("model.norm") or "", "")
 
 
 def _extra_label(key: str, value: object) -> str:

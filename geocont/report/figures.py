@@ -16,7 +16,7 @@ from typing import Any
 import altair as alt
 import polars as pl
 
-from geocont.config import ROLES
+from geocont.kinds.transformer import ROLES
 
 CELL = {"width": 210, "height": 150}
 SOURCES = ["reproduced", "paper"]
@@ -261,6 +261,6 @@ def heatmap_figure(
     return Figure(fig_id, title, caption, chart)
 
 
-def role_sort(roles: list[str]) -> list[str]:
+def role_sort(roles: list[str], order: tuple[str, ...] = ROLES) -> list[str]:
     """q, k, v, o, gate, up, down first (the transformer's data flow), any other role after."""
-    return [r for r in ROLES if r in roles] + sorted(r for r in roles if r not in ROLES)
+    return [r for r in order if r in roles] + sorted(r for r in roles if r not in order)
