@@ -39,7 +39,13 @@ def get(name: str) -> ModelKind:
     try:
         return _KINDS[name]
     except KeyError:
-        raise ConfigError([f"model.kind: unknown kind {name!r}; allowed: {', '.join(names())}"]) from None
+        allowed = ", ".join(names())
+        raise ConfigError(
+            [
+                f"model.kind: unknown kind {name!r}; allowed: {allowed} (another package's kind: name its module in "
+                f"{PLUGINS_ENV})"
+            ]
+        ) from None
 
 
 def names() -> list[str]:

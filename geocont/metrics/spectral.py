@@ -288,11 +288,3 @@ def update_ratio_values(W: Tensor, W0: Tensor) -> Tensor:
     num = (W - W0).flatten(-2).norm(dim=-1)  # (..., L)
     den = W0.flatten(-2).norm(dim=-1).clamp_min(1e-30)
     return (num / den).mean(-1)
-
-
-def delta_gw(grad_cum: dict[str, float], weight: dict[str, float]) -> dict[str, float]:
-    """Delta_GW = continuity(cumulative gradient) - continuity(weights), for v1 and u1."""
-    return {
-        "v1": grad_cum["v1_continuity"] - weight["v1_continuity"],
-        "u1": grad_cum["u1_continuity"] - weight["u1_continuity"],
-    }

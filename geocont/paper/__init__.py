@@ -1,6 +1,6 @@
 """The paper's reference tables and the store's runs set beside them.
 
-The values live in geocont/paper/reference.json (one row per paper config, with the config keys
+The values live in reference.json beside this file (one row per paper config, with the config keys
 that identify it and the store metric behind each column). `paper_table` matches store runs to
 those rows by config (model kind, residual, activation, norm; every other field is ignored, so the
 caller picks the sweep) and gives mean and std over seeds in the paper's unit next to the paper's
@@ -24,7 +24,7 @@ from geocont.config import ConfigError
 from geocont.metrics.catalog import SPIKE
 from geocont.results import spiked_runs
 
-REFERENCE_PATH = Path(__file__).parent / "paper" / "reference.json"
+REFERENCE_PATH = Path(__file__).parent / "reference.json"
 TABLES = ("mlp", "transformer")
 
 
