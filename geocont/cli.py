@@ -63,9 +63,8 @@ def train(
     kept = Path(store) / "single" / result.run_id
     if result.run_dir != kept:
         typer.echo(f"the finished result in {kept} is kept; this attempt is in {result.run_dir}", err=True)
-    from geocont import kinds
-    from geocont.metrics import catalog
-    from geocont.results import markdown, role_table
+    from geocont import catalog, kinds
+    from geocont.tables import markdown, role_table
 
     for name in catalog.TABLE:
         if name in result.final:
@@ -120,7 +119,7 @@ def results_runs(
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
 ) -> None:
     """One row per run: status, the config that varies, seed, and final key metrics."""
-    from geocont.results import render, runs_table
+    from geocont.tables import render, runs_table
 
     typer.echo(render(runs_table(_collect_runs(store, sweep)), format.value))
 
@@ -133,7 +132,7 @@ def results_table(
     paper: Annotated[Paper | None, typer.Option(help="Put the paper's values beside the reproduced ones.")] = None,
 ) -> None:
     """Mean ± std over seeds per variant; with --paper, matched to the paper's table rows."""
-    from geocont.results import aggregate_table, mean_std_columns, render
+    from geocont.tables import aggregate_table, mean_std_columns, render
 
     frame = _collect_runs(store, sweep)
     if paper is not None:

@@ -12,10 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geocont import kinds, store
+from geocont import catalog, kinds, store
 from geocont.config import ConfigError, resolve
 from geocont.dashboard import DashboardSpec, sections
-from geocont.metrics import catalog
 from geocont.report import build_report
 from geocont.train import train
 

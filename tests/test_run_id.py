@@ -45,7 +45,7 @@ def test_later_fields_exist():
 def test_runs_from_before_a_later_field_read_as_its_default():
     import polars as pl
 
-    from geocont.results import varying_config_columns
+    from geocont.tables import varying_config_columns
 
     old_and_new = pl.DataFrame({"optim.eps": [None, 1e-8], "model.activation": ["relu", "none"]})
     assert varying_config_columns(old_and_new) == ["model.activation"]

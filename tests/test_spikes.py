@@ -16,8 +16,8 @@ from geocont.metrics.spikes import SpikeDetector, detect
 from geocont.paper import format_paper_table, paper_table
 from geocont.report import build_report
 from geocont.report.data import curves, load_sweeps, mark_spikes
-from geocont.results import aggregate_table, runs_table
 from geocont.sweep.live import SweepView, table
+from geocont.tables import aggregate_table, runs_table
 
 positive_losses = st.lists(st.floats(1e-6, 1e6, allow_nan=False), min_size=1, max_size=400)
 

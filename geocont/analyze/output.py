@@ -29,7 +29,7 @@ def render(analysis: Analysis, fmt: str) -> str:
         return json.dumps({role: _finite(s.as_json()) for role, s in analysis.roles.items()})
     import polars as pl
 
-    from geocont.results import markdown
+    from geocont.tables import markdown
 
     frame = pl.DataFrame([{"role": role, **s.as_json()} for role, s in analysis.roles.items()])
     if fmt == "csv":

@@ -11,11 +11,11 @@ from __future__ import annotations
 import importlib
 import os
 
+from geocont import catalog
 from geocont.fields import ConfigError
 from geocont.kinds.base import ModelKind
 from geocont.kinds.mlp import MLP
 from geocont.kinds.transformer import TRANSFORMER
-from geocont.metrics import catalog
 
 PLUGINS_ENV = "GEOCONT_KINDS"
 DEFAULT = "mlp"  # a model section without `kind` is the MLP

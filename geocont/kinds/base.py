@@ -50,7 +50,7 @@ class ModelKind:
     - `lightning`: "module:Class", the GeoModule subclass that trains it (its loss and val stats).
     - `roles`: the weight roles in table order; () for one unnamed stack (role-less metric names).
     - `x_axis`: what its curves are drawn against: "epoch" or "step".
-    - `dashboard`: the wandb sections (metric names from geocont.metrics.catalog).
+    - `dashboard`: the wandb sections (metric names from geocont.catalog).
     - `report`: names of report figure builders (geocont.report.build.FIGURES), in reading order.
     - `paper_table`: the paper's reference table its runs are set beside, or None.
     - `parameters`: about how many parameters a run config's network has (the memory preflight).

@@ -20,9 +20,9 @@ from typing import Any
 
 import polars as pl
 
+from geocont.catalog import SPIKE
 from geocont.config import ConfigError
-from geocont.metrics.catalog import SPIKE
-from geocont.results import spiked_runs
+from geocont.tables import spiked_runs
 
 REFERENCE_PATH = Path(__file__).parent / "reference.json"
 TABLES = ("mlp", "transformer")

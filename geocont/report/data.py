@@ -13,10 +13,10 @@ from pathlib import Path
 
 import polars as pl
 
-from geocont import kinds, store
+from geocont import catalog, kinds, store
 from geocont.config import ConfigError
-from geocont.metrics import catalog, spikes
-from geocont.results import config_column
+from geocont.metrics import spikes
+from geocont.tables import config_column
 
 # Config columns that never define a variant: the seed (aggregated over), bookkeeping, tracking.
 NOT_VARIANT = re.compile(r"^(train\.seed|tracking\..*|preset|run_id|sweep|status|name|node|error|started|finished)$")

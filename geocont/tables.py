@@ -7,8 +7,8 @@ import math
 
 import polars as pl
 
+from geocont import catalog
 from geocont.config import LATER_FIELDS, OptimConfig, TrainConfig
-from geocont.metrics import catalog
 
 IGNORED_CONFIG = ("train.seed", "tracking.", "preset")
 
