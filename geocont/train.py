@@ -7,7 +7,6 @@ A run never raises for its own failure: an exception is recorded as `failed`, a 
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import time
 import traceback
@@ -17,8 +16,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from geocont import kinds, store
-from geocont.config import ConfigError, RunConfig
+from geocont import attempts, kinds, store
+from geocont.config import RunConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
 
@@ -81,10 +80,10 @@ def train(
     run_id = cfg.run_id()
     final_dir = store.run_dir(store_dir, sweep, run_id)
     digest = fingerprint(cfg.data)
-    _check_same_data(cfg, final_dir, digest)
+    attempts.check_same_data(cfg, final_dir, digest)
     session = _Session(cfg, on_metrics, run_name, sweep, progress, accelerator)
     session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
-    folder = _attempt_folder(store_dir, sweep, run_id, final_dir)
+    folder = attempts.attempt_folder(store_dir, sweep, run_id, final_dir)
     store.write_config(folder, {**cfg.to_dict(), **({"data_fingerprint": digest} if digest else {})})
     started, t0 = _now(), time.perf_counter()
     status, error = session.run(folder, run_id)
@@ -109,46 +108,8 @@ def train(
     session.trackers.store.publish()
     store.write_run_info(folder, record)  # the record is final before any tracker is closed
     session.trackers.close()
-    folder = _settle(folder, final_dir, status)  # after the trackers: their files move with the attempt
+    folder = attempts.settle(folder, final_dir, status)  # after the trackers: their files move with the attempt
     return RunResult(run_id, sweep, status, session.trackers.store.final_values(), error, folder)
-
-
-def _check_same_data(cfg: RunConfig, folder: Path, digest: str | None) -> None:
-    """A finished run trained on other files under the same data.path is not this run: refuse to mix them."""
-    if digest is None or store.result_info(folder) is None:
-        return
-    recorded = store.recorded_fingerprint(folder)
-    if recorded is not None and recorded != digest:  # None: recorded before fingerprints, nothing to compare
-        raise ConfigError(
-            [
-                f"data.path: the files in {cfg.data.path} changed since run {cfg.run_id()} ({folder}) was trained on "
-                "them; restore them, or move that run folder out of the store to train on the new files"
-            ]
-        )
-
-
-def _attempt_folder(store_dir: str | Path, sweep: str, run_id: str, final_dir: Path) -> Path:
-    """Where this attempt writes: aside when a finished result is in place, else the run folder itself."""
-    if store.result_info(final_dir) is not None:
-        return store.new_attempt(store_dir, sweep, run_id)
-    if final_dir.exists():
-        shutil.rmtree(final_dir)  # a failed or killed attempt's leftovers: nothing finished to keep
-    final_dir.mkdir(parents=True)
-    return final_dir
-
-
-def _settle(attempt: Path, final_dir: Path, status: str) -> Path:
-    """Swap a finished re-run into the run's place; keep a failed one aside (its error.txt), replacing an older one."""
-    if attempt == final_dir:
-        return final_dir
-    if status in store.RESULTS:
-        store.replace_dir(attempt, final_dir)
-        return final_dir
-    failed = attempt.with_name(f"{final_dir.name}.failed")
-    if failed.exists():
-        shutil.rmtree(failed)
-    attempt.rename(failed)
-    return failed
 
 
 class _Session:

@@ -55,6 +55,7 @@ class ModelKind:
     - `paper_table`: the paper's reference table its runs are set beside, or None.
     - `parameters`: about how many parameters a run config's network has (the memory preflight).
     - `norm_labels`: model.norm value -> its short name in variant labels.
+    - `packed`: the batched network that trains K members as one (`resources.pack`), or None.
     """
 
     name: str
@@ -69,12 +70,16 @@ class ModelKind:
     report: tuple[str, ...] = ()
     paper_table: str | None = None
     norm_labels: Mapping[str, str] = field(default_factory=dict)
+    packed: str | None = None  # "module:Class" with from_members(solo networks), or None: no packed trials
 
     def build_network(self, model: ModelSection, datamodule: Any):
         return _named(self.network)(model, datamodule)
 
     def lightning_class(self) -> type:
         return _named(self.lightning)
+
+    def packed_class(self) -> type:
+        return _named(self.packed)
 
     def metric_names(self) -> list[str]:
         """Every metric name its dashboard draws (what the registry checks against the catalogue)."""

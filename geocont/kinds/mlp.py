@@ -71,4 +71,5 @@ MLP = ModelKind(
     report=("continuity", "gradient", "delta_bars", "training", "init_scale"),
     paper_table="mlp",
     norm_labels={"layernorm": "LN", "rmsnorm": "RMSNorm"},
+    packed="geocont.models.packed:PackedMLP",
 )

@@ -30,6 +30,7 @@ class RunContext:
     run_id: str
     sweep: str
     run_name: str | None
+    shared_process: bool = False  # one of several runs alive in this process at once (a pack's member)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def _wandb(run: RunContext) -> Logger:
         mode=wb.mode,
         config=run.cfg.to_dict(),
         log_model=False,
-        reinit="finish_previous",
+        # a pack's members each keep their own run open side by side; a solo run closes any previous one
+        reinit="create_new" if run.shared_process else "finish_previous",
         settings=wandb.Settings(silent=True, console="off", x_disable_stats=True),
     )
 
