@@ -1,6 +1,7 @@
 """What `sweep launch` and `sweep resume` check before Ray starts: bad input is exit 2 with nothing written.
 
-- the store takes files, and `--address` answers (an address with nothing listening made Ray retry forever);
+- the store takes files, and `--address` is a Ray that answers (ray.init retries for minutes at an address with
+  nothing listening, or with something that is not Ray);
 - every trial's data reads back and its model fits in memory (geocont.preflight);
 - a sweep name already in the store is launched with the same trials: a different grid is refused with
   the difference named (docs/store-safety.md), never written over the stored sweep.yaml;
@@ -74,7 +75,42 @@ def address_problems(address: str | None) -> list[str]:
             f"--address {address}: nothing answers at {host}:{port} ({reason}); start the cluster with "
             "`ray start --head`, or leave --address out for a local Ray"
         ]
+    if not ray_answers(target, client=address.startswith("ray://")):
+        return [
+            f"--address {address}: {host}:{port} takes connections but is not a Ray cluster (no Ray reply within "
+            f"{CONNECT_TIMEOUT_S:g} s); allowed: auto, the host:port of a Ray head (`ray start --head`), "
+            "ray://host:10001 (Ray Client), or no --address for a local Ray"
+        ]
     return []
+
+
+def ray_answers(target: str, client: bool) -> bool:
+    """Whether the Ray head's GCS (or, for ray://, its Ray Client server) answers one call within the timeout.
+
+    ray.init has no overall timeout: at a port that takes TCP but speaks no Ray (a web server, a silent
+    socket) it retries for minutes, deaf to SIGTERM. One call with a deadline tells first. A rejected
+    token still proves a Ray answered; ray.init brings the token itself.
+    """
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel  # Ray's own channel: TLS and token as ray.init sets them
+
+    channel = init_grpc_channel(target)
+    try:
+        if client:
+            from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+            ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+            ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=CONNECT_TIMEOUT_S)
+        else:
+            from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+            request = gcs_service_pb2.GetClusterIdRequest()
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(request, timeout=CONNECT_TIMEOUT_S)
+    except grpc.RpcError as err:
+        return err.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+    return True
 
 
 def _auto_address() -> str | list[str]:
