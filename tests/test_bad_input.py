@@ -92,7 +92,7 @@ def _store_with_run(tmp: Path) -> str:
 
     root = tmp / "store"
     write_run(root, "s", tiny_run())
-    store.write_sweep_spec(root, "s", yaml.safe_dump({"name": "s", "base": tiny_run(), "seeds": [0]}))
+    store.record_spec(root, "s", yaml.safe_dump({"name": "s", "base": tiny_run(), "seeds": [0]}))
     return str(root)
 
 
@@ -120,12 +120,12 @@ def _train(*sets: str):
 
 
 def _relaunch_other_grid(tmp: Path) -> list[str]:
-    from geocont import store as results
+    from geocont import store
 
-    store = _store_with_run(tmp)
-    results.write_sweep_spec(store, "s", Path(_sweep(tmp, name="s")).read_text())  # as launched: relu, gelu
+    store_dir = _store_with_run(tmp)
+    store.record_spec(store_dir, "s", Path(_sweep(tmp, name="s")).read_text())  # as launched: relu, gelu
     other = _sweep(tmp, name="s", grid={"model.activation": ["relu", "gelu", "silu"]})
-    return ["sweep", "launch", other, "--store", store]
+    return ["sweep", "launch", other, "--store", store_dir]
 
 
 # (id, setup(tmp) -> argv, substring the one error line must contain). `--store <tmp>/store` is added

@@ -210,8 +210,8 @@ def _dict_keys(source: Path, function: str, variable: str) -> list[str]:
 
 def test_contracts_document_every_run_json_key():
     keys = _dict_keys(ROOT / "geocont" / "train.py", "train", "record")
-    keys += _dict_keys(ROOT / "geocont" / "sweep" / "ray_runner.py", "trainable", "info")
-    keys += _dict_keys(ROOT / "geocont" / "sweep" / "ray_runner.py", "record_failure", "record")
+    keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "trainable", "info")
+    keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "record_failure", "record")
     table = CONTRACTS.read_text().split("## run.json", 1)[1].split("\n## ", 1)[0]
     assert {"run_id", "worker_pid"} <= set(keys)
     assert [k for k in dict.fromkeys(keys) if f"`{k}`" not in table] == []
