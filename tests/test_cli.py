@@ -44,8 +44,16 @@ def test_train_a_preset_then_query_the_store(tmp_path):
 def test_train_a_yaml_file_with_overrides(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("preset: smoke\nmodel: {depth: 3, width: 8}\ntrain: {epochs: 1}\n")
-    done = geocont("train", str(config), "--set", "model.activation=radial", "--store", str(tmp_path / "s"),
-                   "--no-progress", *TRACKING_OFF)
+    done = geocont(
+        "train",
+        str(config),
+        "--set",
+        "model.activation=radial",
+        "--store",
+        str(tmp_path / "s"),
+        "--no-progress",
+        *TRACKING_OFF,
+    )
     assert done.returncode == 0, done.stderr
     written = next((tmp_path / "s" / "single").glob("*/config.yaml")).read_text()
     assert "activation: radial" in written and "depth: 3" in written
