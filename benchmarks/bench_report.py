@@ -28,7 +28,7 @@ from synthetic_store import write_run  # noqa: E402
 
 from geocont import store  # noqa: E402
 from geocont.sweep.grid import expand  # noqa: E402
-from geocont.sweep.spec import load_sweep  # noqa: E402
+from geocont.sweep.load import load_sweep  # noqa: E402
 
 TARGET_S = 10.0
 
@@ -36,7 +36,7 @@ TARGET_S = 10.0
 def write_store(root: Path, sweep_file: Path, epochs: int | None) -> tuple[str, int]:
     sweep = load_sweep(sweep_file)
     trials = expand(sweep)
-    store.write_sweep_spec(root, sweep.name, sweep_file.read_text())
+    store.record_spec(root, sweep.name, sweep_file.read_text())
     for trial in trials:
         raw = trial.config.to_dict()
         if epochs is not None:

@@ -29,10 +29,10 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parent))
 from bench_train import plain_loop  # noqa: E402
 
-from geocont import store as results  # noqa: E402
-from geocont.sweep import ray_runner  # noqa: E402
+from geocont import store  # noqa: E402
 from geocont.sweep.grid import expand  # noqa: E402
-from geocont.sweep.spec import load_sweep, parse_sweep  # noqa: E402
+from geocont.sweep.launch import run_sweep  # noqa: E402
+from geocont.sweep.load import load_sweep, parse_sweep  # noqa: E402
 
 ROOT = Path(__file__).parents[1]
 
@@ -96,12 +96,12 @@ def main() -> None:
         ideal = plain_wall / cores
         pool_wall = parallel_reference(trials, cores)
 
-        store = Path(tmp) / "store"
+        store_dir = Path(tmp) / "store"
         t0 = time.perf_counter()
-        outcome = ray_runner.run_sweep(parse_sweep(yaml.safe_load(path.read_text())), path.read_text(), store)
+        outcome = run_sweep(parse_sweep(yaml.safe_load(path.read_text())), path.read_text(), store_dir)
         wall = time.perf_counter() - t0
         assert outcome.counts.get("completed") == len(trials), outcome.counts
-        durations = [info["duration_s"] for info in results.list_run_infos(store, sweep.name)]
+        durations = [info["duration_s"] for info in store.list_run_infos(store_dir, sweep.name)]
 
     slots = len(trials) / cores  # trials per core, if spread perfectly
     train_total = sum(durations)

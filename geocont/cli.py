@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from geocont import DEFAULT_STORE
 from geocont.analyze import analyze_command
 from geocont.config import ConfigError
 from geocont.dashboard import dashboard_app
@@ -46,7 +47,7 @@ class Paper(str, Enum):
 def train(
     config: Annotated[str, typer.Argument(help="A run config YAML file, or a preset name (see `geocont list`).")],
     set_: Annotated[list[str] | None, typer.Option("--set", help="Override a field: dotted.path=value.")] = None,
-    store: StoreOption = "geocont-results",
+    store: StoreOption = DEFAULT_STORE,
     progress: Annotated[bool, typer.Option(help="Show Lightning's progress bar.")] = True,
 ) -> None:
     """Train one run and record it in the store under the sweep name `single`.
@@ -114,7 +115,7 @@ def list_presets() -> None:
 
 @results_app.command("runs")
 def results_runs(
-    store: StoreOption = "geocont-results",
+    store: StoreOption = DEFAULT_STORE,
     sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
 ) -> None:
@@ -126,7 +127,7 @@ def results_runs(
 
 @results_app.command("table")
 def results_table(
-    store: StoreOption = "geocont-results",
+    store: StoreOption = DEFAULT_STORE,
     sweep: Annotated[str | None, typer.Option(help="Only this sweep.")] = None,
     format: Annotated[Format, typer.Option("--format", help="Output format.")] = Format.md,
     paper: Annotated[Paper | None, typer.Option(help="Put the paper's values beside the reproduced ones.")] = None,
@@ -146,21 +147,21 @@ def results_table(
 
 
 def _collect_runs(store_arg: str, sweep: str | None):
-    from geocont import store as results_store
+    from geocont import store
 
     if store_arg == "":
-        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
-    store = Path(store_arg)
+        raise ConfigError([f"--store: empty; give the results store folder, e.g. --store {DEFAULT_STORE}"])
+    store_dir = Path(store_arg)
     if sweep is not None:
-        results_store.check_sweep_name(sweep)
-    if not store.is_dir():
-        raise ConfigError([f"--store: {store} is not a results store (no such folder)"])
-    if sweep is not None and not (store / sweep).is_dir():
-        names = ", ".join(results_store.sweep_names(store)) or "none"
-        raise ConfigError([f"--sweep: no sweep {sweep!r} in {store}; sweeps there: {names}"])
-    frame = results_store.runs(store, sweep).collect()
+        store.check_sweep_name(sweep)
+    if not store_dir.is_dir():
+        raise ConfigError([f"--store: {store_dir} is not a results store (no such folder)"])
+    if sweep is not None and not (store_dir / sweep).is_dir():
+        names = ", ".join(store.sweep_names(store_dir)) or "none"
+        raise ConfigError([f"--sweep: no sweep {sweep!r} in {store_dir}; sweeps there: {names}"])
+    frame = store.runs(store_dir, sweep).collect()
     if frame.is_empty():
-        raise ConfigError([f"--store: {store} holds no finished runs" + (f" for sweep {sweep!r}" if sweep else "")])
+        raise ConfigError([f"--store: {store_dir} holds no finished runs" + (f" for sweep {sweep!r}" if sweep else "")])
     return frame
 
 

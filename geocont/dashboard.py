@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from geocont import kinds
+from geocont import DEFAULT_STORE, kinds
 from geocont.config import ConfigError
 from geocont.kinds.base import Panel, Section
 
@@ -153,20 +153,20 @@ def spec_from_sweep_file(path: str | Path) -> DashboardSpec:
     return DashboardSpec(raw["name"], kind, tuple(k for k in keys if k != "train.seed"))
 
 
-def spec_from_store(store: Path, sweep: str) -> DashboardSpec:
+def spec_from_store(store_dir: Path, sweep: str) -> DashboardSpec:
     """The spec of a sweep in the store: from its finished runs, else from the sweep.yaml recorded at launch."""
-    from geocont import store as results
+    from geocont import store
     from geocont.report.data import varying_keys
 
-    runs = results.runs(store, sweep).collect() if (store / sweep).is_dir() else None
+    runs = store.runs(store_dir, sweep).collect() if (store_dir / sweep).is_dir() else None
     if runs is not None and not runs.is_empty():
         kind = str(runs["model.kind"][0]) if "model.kind" in runs.columns else kinds.DEFAULT
         return DashboardSpec(sweep, kind, tuple(varying_keys(runs)))
-    recorded = store / sweep / "sweep.yaml"
+    recorded = store.spec_path(store_dir, sweep)
     if recorded.is_file():
         return spec_from_sweep_file(recorded)
-    known = ", ".join(results.sweep_names(store)) or "none"
-    raise ConfigError([f"SWEEP: no sweep {sweep!r} in {store} (sweeps there: {known}); or pass a sweep YAML file"])
+    known = ", ".join(store.sweep_names(store_dir)) or "none"
+    raise ConfigError([f"SWEEP: no sweep {sweep!r} in {store_dir} (sweeps there: {known}); or pass a sweep YAML file"])
 
 
 def resolve_spec(sweep: str, store: Path) -> DashboardSpec:
@@ -203,7 +203,7 @@ def push_command(
     sweep: Annotated[str, typer.Argument(help="A sweep name in --store, or a sweep YAML file.")],
     entity: Annotated[str, typer.Option("--entity", help="W&B entity (user or team) that owns the project.")],
     project: Annotated[str, typer.Option("--project", help="W&B project the runs were logged to.")] = "geocont",
-    store: Annotated[Path, typer.Option("--store", help="Results store folder.")] = Path("geocont-results"),
+    store: Annotated[Path, typer.Option("--store", help="Results store folder.")] = Path(DEFAULT_STORE),
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would be created; no network.")] = False,
 ) -> None:
     """Create (or update) the sweep's wandb workspace and report; needs network and a W&B login.

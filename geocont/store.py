@@ -20,18 +20,20 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 import yaml
 
-from geocont.config import ConfigError
+from geocont import DEFAULT_STORE
+from geocont.config import ConfigError, read_text
 
-DEFAULT_STORE = "geocont-results"
 SWEEP_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 SWEEP_NAME_MAX = 100  # a folder name, with room for the run folders below it in any file system's limits
 FINAL_STATUSES = ("completed", "failed", "diverged")
+SWEEP_SPEC = "sweep.yaml"  # <store>/<sweep>/sweep.yaml: the sweep as launched
 METRIC_SCHEMA = {"run_id": pl.String, "epoch": pl.Int64, "step": pl.Int64, "name": pl.String, "value": pl.Float64}
 
 
@@ -224,8 +226,59 @@ def list_run_infos(store: str | Path, sweep: str) -> list[dict[str, Any]]:
     return infos
 
 
-def write_sweep_spec(store: str | Path, sweep: str, text: str) -> None:
-    atomic_write_text(Path(store) / sweep / "sweep.yaml", text)
+def is_done(store: str | Path, sweep: str, run_id: str) -> bool:
+    """Whether the run holds a result (completed or diverged: deterministic, so never run again)."""
+    info = read_run_info(store, sweep, run_id)
+    return info is not None and info["status"] in RESULTS
+
+
+def run_status(store: str | Path, sweep: str, run_id: str) -> str:
+    """The run's final status, or `pending` when it has none (never finished, or its run.json is corrupt)."""
+    info = read_run_info(store, sweep, run_id)
+    return info["status"] if info is not None else "pending"
+
+
+def status_counts(statuses: Iterable[str], total: int = 0) -> dict[str, int]:
+    """How many runs have each status, in first-seen order; runs short of `total` are counted pending."""
+    counts: dict[str, int] = {}
+    for status in statuses:
+        counts[status] = counts.get(status, 0) + 1
+    if total > sum(counts.values()):
+        counts["pending"] = counts.get("pending", 0) + total - sum(counts.values())
+    return counts
+
+
+def clear_unfinished(store: str | Path, sweep: str, run_ids: Iterable[str]) -> None:
+    """Remove what a killed or failed attempt left (partial metrics, error.txt): the rerun starts clean."""
+    for run_id in run_ids:
+        folder = run_dir(store, sweep, run_id)
+        if folder.exists():
+            shutil.rmtree(folder)
+
+
+# ---------------------------------------------------------------------------------------------
+# The sweep as launched: <store>/<sweep>/sweep.yaml, all that `resume` needs
+
+
+def spec_path(store: str | Path, sweep: str) -> Path:
+    return Path(store) / sweep / SWEEP_SPEC
+
+
+def record_spec(store: str | Path, sweep: str, text: str) -> None:
+    """Record the sweep's YAML as launched; an unchanged file is not rewritten."""
+    path = spec_path(store, sweep)
+    if not path.is_file() or path.read_text() != text:
+        atomic_write_text(path, text)
+
+
+def read_spec(store: str | Path, sweep: str) -> str:
+    """The recorded YAML of a sweep; a name with none is a ConfigError naming the sweeps that have one."""
+    check_sweep_name(sweep, "SWEEP_NAME")
+    path = spec_path(store, sweep)
+    if not path.is_file():
+        known = [name for name in sweep_names(store) if spec_path(store, name).is_file()]
+        raise ConfigError([f"{sweep}: no sweep of that name in {store}; sweeps there: {', '.join(known) or 'none'}"])
+    return read_text(path)
 
 
 def sweep_name_problem(name: str) -> str | None:

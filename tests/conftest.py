@@ -42,5 +42,5 @@ def tiny_run(**sections) -> dict:
 
 
 @pytest.fixture
-def store(tmp_path):
+def store_dir(tmp_path):
     return tmp_path / "store"

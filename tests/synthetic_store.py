@@ -50,7 +50,7 @@ def write_mlp_sweep(
     """A cartesian grid of MLP runs (dotted keys, like a sweep YAML) over `seeds`."""
     grid = grid or {"model.residual": [True, False], "model.activation": ["relu", "none"]}
     base = base or {"model": {"kind": "mlp", "depth": 4, "width": 16}, "data": {"name": "digits"}}
-    store.write_sweep_spec(root, sweep, f"name: {sweep}\n")
+    store.record_spec(root, sweep, f"name: {sweep}\n")
     ids = []
     for values in itertools.product(*grid.values()):
         for seed in seeds:
@@ -68,7 +68,7 @@ def write_transformer_sweep(
         "data": {"name": "stdlib"},
         "train": {"epochs": 1, "max_steps": 300},
     }
-    store.write_sweep_spec(root, sweep, f"name: {sweep}\n")
+    store.record_spec(root, sweep, f"name: {sweep}\n")
     return [
         write_run(root, sweep, _with_dotted(base, {"model.activation": act, "train.seed": seed}))
         for act in activations

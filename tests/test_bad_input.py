@@ -8,11 +8,16 @@ which is what turns ConfigError into the one-line message; a few cases also run 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import http.server
 import os
+import socket
 import struct
 import subprocess
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +92,7 @@ def _store_with_run(tmp: Path) -> str:
 
     root = tmp / "store"
     write_run(root, "s", tiny_run())
-    store.write_sweep_spec(root, "s", yaml.safe_dump({"name": "s", "base": tiny_run(), "seeds": [0]}))
+    store.record_spec(root, "s", yaml.safe_dump({"name": "s", "base": tiny_run(), "seeds": [0]}))
     return str(root)
 
 
@@ -115,12 +120,12 @@ def _train(*sets: str):
 
 
 def _relaunch_other_grid(tmp: Path) -> list[str]:
-    from geocont import store as results
+    from geocont import store
 
-    store = _store_with_run(tmp)
-    results.write_sweep_spec(store, "s", Path(_sweep(tmp, name="s")).read_text())  # as launched: relu, gelu
+    store_dir = _store_with_run(tmp)
+    store.record_spec(store_dir, "s", Path(_sweep(tmp, name="s")).read_text())  # as launched: relu, gelu
     other = _sweep(tmp, name="s", grid={"model.activation": ["relu", "gelu", "silu"]})
-    return ["sweep", "launch", other, "--store", store]
+    return ["sweep", "launch", other, "--store", store_dir]
 
 
 # (id, setup(tmp) -> argv, substring the one error line must contain). `--store <tmp>/store` is added
@@ -324,6 +329,54 @@ def test_as_a_process_too_within_seconds(tmp_path, argv, message):
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert done.stderr.strip().splitlines() == [f"error: {done.stderr.strip().removeprefix('error: ')}"]
     assert message in done.stderr and not (tmp_path / "store").exists()
+
+
+@contextlib.contextmanager
+def not_ray(kind: str) -> Iterator[int]:
+    """A port on loopback that takes TCP connections but is no Ray: silent, or a plain HTTP server."""
+    if kind == "http":
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            yield server.server_address[1]
+        finally:
+            server.shutdown()
+            server.server_close()
+        return
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []  # accepted and never answered
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):  # the listener closed
+            while True:
+                held.append(listener.accept()[0])
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize("kind", ["silent", "http"])
+def test_an_address_that_is_not_ray_is_refused_within_seconds(tmp_path, kind):
+    """The TCP connect succeeds, yet no Ray answers there: ray.init would wait for minutes (issue 11)."""
+    store = tmp_path / "store"
+    # The console script's main, with the wait for an answer cut to 1 s so the test stays short.
+    code = "from geocont.sweep import checks; checks.CONNECT_TIMEOUT_S = 1.0; from geocont.cli import main; main()"
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    with not_ray(kind) as port:
+        address = f"127.0.0.1:{port}"
+        argv = ["sweep", "launch", _sweep(tmp_path), "--address", address, "--store", str(store)]
+        done = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60
+        )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"error: --address {address}: ") and "not a Ray cluster" in lines[0]
+    assert "allowed:" in lines[0] and not store.exists()
 
 
 def test_every_problem_of_a_file_at_once(tmp_path, monkeypatch, capsys):

@@ -130,7 +130,7 @@ def test_specs_from_sweep_files_and_store(tmp_path):
     assert spec_from_store(root, "grid") == DashboardSpec("grid", "mlp", ("model.activation", "model.norm"))
     assert spec_from_store(root, "lm") == DashboardSpec("lm", "transformer", ("model.activation",))
     # Launched but nothing finished yet: the sweep.yaml recorded at launch decides.
-    store.write_sweep_spec(root, "early", (ROOT / "sweeps/init_scale.yaml").read_text())
+    store.record_spec(root, "early", (ROOT / "sweeps/init_scale.yaml").read_text())
     assert spec_from_store(root, "early") == DashboardSpec("init-scale", "mlp", ("model.activation",))
     with pytest.raises(ConfigError, match="no sweep 'nope'"):
         resolve_spec("nope", root)

@@ -13,21 +13,21 @@ import pytest
 import torch
 from conftest import tiny_run
 
-from geocont import store as results
+from geocont import store
 from geocont.config import ConfigError, resolve
 from geocont.lit.module import GeoModule
 from geocont.train import train
 
 
-def _final(store, cfg) -> dict[str, float]:
-    return train(cfg, store, progress=False).final
+def _final(store_dir, cfg) -> dict[str, float]:
+    return train(cfg, store_dir, progress=False).final
 
 
-def test_state_is_taken_from_the_weights_as_placed_and_cast(store):
+def test_state_is_taken_from_the_weights_as_placed_and_cast(store_dir):
     # bf16-true: the strategy casts the weights after callbacks' `setup`; an lr whose updates round away
     # leaves them exactly as cast, so W(t) = W(0) only if W(0) was snapshot after the cast (was 0.0015).
     cfg = resolve(tiny_run(optim={"lr": 1.0e-30}, train={"epochs": 1, "precision": "bf16-true", "accelerator": "cpu"}))
-    assert _final(store, cfg)["update_ratio"] == 0.0
+    assert _final(store_dir, cfg)["update_ratio"] == 0.0
 
 
 @pytest.fixture
@@ -59,7 +59,9 @@ def test_the_deferred_step_gives_the_eager_steps_results(tmp_path, monkeypatch, 
     assert math.isnan(late.final["train/loss"]) == (eager.status == "diverged")
 
 
-def test_every_step_loss_reaches_the_hooks_in_order_and_train_loss_is_logged_every_ten(store, deferred, monkeypatch):
+def test_every_step_loss_reaches_the_hooks_in_order_and_train_loss_is_logged_every_ten(
+    store_dir, deferred, monkeypatch
+):
     seen: list[tuple[int, float]] = []
     original = GeoModule.on_fit_start
 
@@ -68,7 +70,7 @@ def test_every_step_loss_reaches_the_hooks_in_order_and_train_loss_is_logged_eve
         self.loss_hooks.append(lambda step, loss: seen.append((step, loss)))
 
     monkeypatch.setattr(GeoModule, "on_fit_start", with_hook)
-    result = train(resolve(tiny_run(train={"epochs": 2})), store, progress=False)
+    result = train(resolve(tiny_run(train={"epochs": 2})), store_dir, progress=False)
     steps = json.loads((result.run_dir / "run.json").read_text())["steps"]
     assert [s for s, _ in seen] == list(range(1, steps + 1))  # every step once, in order, none lost at epoch ends
     logged = pl.read_parquet(result.run_dir / "metrics.parquet").filter(pl.col("name") == "train/loss")
@@ -78,8 +80,8 @@ def test_every_step_loss_reaches_the_hooks_in_order_and_train_loss_is_logged_eve
     assert logged["value"].to_list() == [by_step[s] for s in logged["step"]]
 
 
-def test_run_json_says_where_it_ran_and_what_the_metrics_cost(store):
-    result = train(resolve(tiny_run()), store, progress=False)
+def test_run_json_says_where_it_ran_and_what_the_metrics_cost(store_dir):
+    result = train(resolve(tiny_run()), store_dir, progress=False)
     info = json.loads((result.run_dir / "run.json").read_text())
     assert info["device"] == "cpu"
     assert 0 < info["metrics_s"] < info["duration_s"]
@@ -98,25 +100,25 @@ def test_data_stay_on_the_host_for_a_cpu_run():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
-def test_accelerator_gpu_without_a_gpu_is_refused_before_anything_is_written(store, tmp_path):
+def test_accelerator_gpu_without_a_gpu_is_refused_before_anything_is_written(store_dir, tmp_path):
     from test_cli import geocont
 
     cfg = tmp_path / "run.yaml"
     cfg.write_text(json.dumps(tiny_run(train={"accelerator": "gpu"})))
-    proc = geocont("train", str(cfg), "--store", str(store))
+    proc = geocont("train", str(cfg), "--store", str(store_dir))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "train.accelerator" in lines[0] and "no CUDA device" in lines[0]
-    assert not store.exists()
+    assert not store_dir.exists()
 
 
-def test_online_wandb_without_a_key_is_refused_before_anything_is_written(store, tmp_path, monkeypatch):
+def test_online_wandb_without_a_key_is_refused_before_anything_is_written(store_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
     cfg = resolve(tiny_run(tracking={"wandb": {"mode": "online"}}))
     with pytest.raises(ConfigError, match="tracking.wandb.mode: 'online' but no wandb API key"):
-        train(cfg, store, progress=False)
-    assert not store.exists()
+        train(cfg, store_dir, progress=False)
+    assert not store_dir.exists()
 
 
 def test_a_wandb_key_in_netrc_counts(tmp_path, monkeypatch):
@@ -135,10 +137,10 @@ def test_a_wandb_key_in_netrc_counts(tmp_path, monkeypatch):
 # -- wandb: one run per store record, closed in bounded time -----------------------------------
 
 
-def test_the_wandb_run_id_is_the_store_key_so_a_rerun_continues_it(store, monkeypatch):
+def test_the_wandb_run_id_is_the_store_key_so_a_rerun_continues_it(store_dir, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
     cfg = resolve(tiny_run(train={"epochs": 1}, tracking={"wandb": {"mode": "offline"}}))
-    result = train(cfg, store, sweep="s", progress=False)
+    result = train(cfg, store_dir, sweep="s", progress=False)
     runs = list(result.run_dir.glob("wandb/offline-run-*"))
     assert len(runs) == 1 and runs[0].name.endswith(f"-s-{cfg.run_id()}")
 
@@ -173,4 +175,4 @@ def test_a_cuda_run_matches_the_cpu_run(tmp_path):
     assert json.loads((gpu.run_dir / "run.json").read_text())["device"].startswith("cuda")
     for name in ("weight/v1_continuity", "grad_cum/v1_continuity", "update_ratio"):
         assert gpu.final[name] == pytest.approx(cpu.final[name], abs=2e-3), name
-    assert results.read_run_info(tmp_path / "gpu", "single", gpu_cfg.run_id())["status"] == "completed"
+    assert store.read_run_info(tmp_path / "gpu", "single", gpu_cfg.run_id())["status"] == "completed"

@@ -302,7 +302,7 @@ def test_kuberay_rayjob_uses_auth_options_not_hand_set_token_variables():
 
 def test_paths_named_in_docker_files_exist():
     """Paths under the image's WORKDIR are this repository's files; sweep files also load as sweeps."""
-    from geocont.sweep.spec import load_sweep
+    from geocont.sweep.load import load_sweep
 
     text = "\n".join(p.read_text() for p in sorted(DOCKER.iterdir()) if p.is_file())
     paths = set(re.findall(r"(?<![\w/])(sweeps/[\w.-]+\.yaml|docker/[\w.-]+)", text))

@@ -21,11 +21,12 @@ import typer
 from pydantic import BaseModel
 
 from geocont import kinds
+from geocont.catalog import CATALOG
 from geocont.cli import app
 from geocont.config import ROLES, RunConfig, preset_names
 from geocont.fields import ModelSection
 from geocont.metrics.geometry import DIRECTION_KEYS, WEIGHT_KEYS
-from geocont.sweep.spec import METRICS, SpaceParam, SweepConfig
+from geocont.sweep.spec import SpaceParam, SweepConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -194,7 +195,7 @@ def test_contracts_document_every_search_parameter_key(key):
 def test_contracts_document_presets_and_metrics():
     text = CONTRACTS.read_text()
     names = [f"`{p}`" for p in preset_names()]
-    names += [f"`{m}`" for m in METRICS]
+    names += [f"`{m.name}`" for m in CATALOG]
     names += [f"`weight/<role>/{key}`" for key in WEIGHT_KEYS]
     names += [f"`{kind}/<role>/{key}`" for kind in ("grad_init", "grad_cum") for key in DIRECTION_KEYS]
     names += [f"`{role}`" for role in ROLES]
@@ -214,8 +215,8 @@ def _dict_keys(source: Path, function: str, variable: str) -> list[str]:
 
 def test_contracts_document_every_run_json_key():
     keys = _dict_keys(ROOT / "geocont" / "train.py", "train", "record")
-    keys += _dict_keys(ROOT / "geocont" / "sweep" / "ray_runner.py", "trainable", "info")
-    keys += _dict_keys(ROOT / "geocont" / "sweep" / "ray_runner.py", "record_failure", "record")
+    keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "trainable", "info")
+    keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "record_failure", "record")
     table = CONTRACTS.read_text().split("## run.json", 1)[1].split("\n## ", 1)[0]
     assert {"run_id", "worker_pid"} <= set(keys)
     assert [k for k in dict.fromkeys(keys) if f"`{k}`" not in table] == []

@@ -236,7 +236,7 @@ def test_paper_preset_has_about_34m_parameters():
 
 def test_paper_transformer_sweep_lists_the_six_table_configs():
     from geocont.sweep.grid import expand
-    from geocont.sweep.spec import load_sweep
+    from geocont.sweep.load import load_sweep
 
     trials = expand(load_sweep(REPO / "sweeps" / "paper_transformer.yaml"))
     rows = [(t.config.model.residual, t.config.model.activation, t.config.model.norm) for t in trials]
@@ -255,7 +255,7 @@ def test_paper_transformer_sweep_lists_the_six_table_configs():
 
 def test_paper_transformer_sweep_scales_up_with_one_override():
     from geocont.sweep.grid import expand
-    from geocont.sweep.spec import parse_sweep
+    from geocont.sweep.load import parse_sweep
 
     raw = yaml.safe_load((REPO / "sweeps" / "paper_transformer.yaml").read_text())
     raw["base"]["preset"] = "paper-transformer"

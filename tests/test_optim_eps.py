@@ -11,7 +11,7 @@ from geocont.data import build_datamodule
 from geocont.lit.module import build_optimizer
 from geocont.models import build_model
 from geocont.sweep.grid import expand
-from geocont.sweep.spec import load_sweep
+from geocont.sweep.load import load_sweep
 
 SWEEP_DIR = Path(__file__).parents[1] / "sweeps"
 

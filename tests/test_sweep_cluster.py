@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from geocont import store as results
-from geocont.sweep.ray_runner import ray_processes, stop_processes
+from geocont import store
+from geocont.sweep.session import ray_processes, stop_processes
 
 pytestmark = pytest.mark.slow
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -70,15 +70,15 @@ def test_sweep_with_address_runs_trials_on_both_nodes(tmp_path, cluster):
         "resources": {"cpu": 1},
         "tracking": {"wandb": {"mode": "disabled"}, "tensorboard": False},
     }
-    store = tmp_path / "store"  # shared storage: both nodes see this machine's disk
-    launch(path, sweep, store, address, env)
-    infos = results.list_run_infos(store, "cluster")
+    store_dir = tmp_path / "store"  # shared storage: both nodes see this machine's disk
+    launch(path, sweep, store_dir, address, env)
+    infos = store.list_run_infos(store_dir, "cluster")
     assert [i["status"] for i in infos] == ["completed"] * 4
     assert len({i["node_id"] for i in infos}) == 2  # both nodes ran trials (an embedded Ray would have one)
     assert all(i["node"].endswith(i["node_id"][:8]) for i in infos)
 
 
-def launch(path: Path, sweep: dict, store: Path, address: str, env: dict) -> None:
+def launch(path: Path, sweep: dict, store_dir: Path, address: str, env: dict) -> None:
     path.write_text(yaml.safe_dump(sweep))
     cmd = [
         sys.executable,
@@ -88,7 +88,7 @@ def launch(path: Path, sweep: dict, store: Path, address: str, env: dict) -> Non
         "launch",
         str(path),
         "--store",
-        str(store),
+        str(store_dir),
         "--address",
         address,
     ]
@@ -100,7 +100,7 @@ def test_quarter_gpu_trials_share_each_nodes_gpu_and_zero_gpu_trials_see_none(tm
     address, env = gpu_cluster
     base = {"model": {"kind": "mlp", "depth": 3, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 2}}
     off = {"wandb": {"mode": "disabled"}, "tensorboard": False}
-    store = tmp_path / "store"
+    store_dir = tmp_path / "store"
     shared = {
         "name": "quarter",
         "base": base,
@@ -109,8 +109,8 @@ def test_quarter_gpu_trials_share_each_nodes_gpu_and_zero_gpu_trials_see_none(tm
         "resources": {"cpu": 0.25, "gpu": 0.25},
         "tracking": off,
     }
-    launch(tmp_path / "quarter.yaml", shared, store, address, env)
-    infos = results.list_run_infos(store, "quarter")
+    launch(tmp_path / "quarter.yaml", shared, store_dir, address, env)
+    infos = store.list_run_infos(store_dir, "quarter")
     assert [i["status"] for i in infos] == ["completed"] * 8
     # each node's one GPU (id 0) is what Ray hands every quarter trial; with no CUDA here `auto` runs on the CPU
     assert {i["cuda_visible_devices"] for i in infos} == {"0"} and {i["device"] for i in infos} == {"cpu"}
@@ -121,6 +121,6 @@ def test_quarter_gpu_trials_share_each_nodes_gpu_and_zero_gpu_trials_see_none(tm
     assert all(2 <= len(pids) <= 4 for pids in workers.values())  # several trials shared a GPU at once
 
     none = {**shared, "name": "no-gpu", "grid": {"model.activation": ["relu", "gelu"]}, "seeds": [0]}
-    launch(tmp_path / "none.yaml", {**none, "resources": {"cpu": 0.5, "gpu": 0}}, store, address, env)
-    infos = results.list_run_infos(store, "no-gpu")
+    launch(tmp_path / "none.yaml", {**none, "resources": {"cpu": 0.5, "gpu": 0}}, store_dir, address, env)
+    infos = store.list_run_infos(store_dir, "no-gpu")
     assert [(i["status"], i["cuda_visible_devices"], i["device"]) for i in infos] == [("completed", "", "cpu")] * 2

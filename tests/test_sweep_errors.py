@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from geocont.config import ConfigError
-from geocont.sweep.spec import load_sweep
+from geocont.sweep.load import load_sweep
 
 BASE = """\
 name: bad

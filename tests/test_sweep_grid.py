@@ -8,11 +8,11 @@ import pytest
 import yaml
 from rich.console import Console
 
-from geocont import store as results
+from geocont import store
 from geocont.config import deep_merge, resolve
 from geocont.sweep.grid import expand, to_tree
 from geocont.sweep.live import SweepView
-from geocont.sweep.spec import load_sweep, parse_sweep
+from geocont.sweep.load import load_sweep, parse_sweep
 
 SWEEP_DIR = Path(__file__).parents[1] / "sweeps"
 SWEEPS = sorted(SWEEP_DIR.glob("*.yaml"))
@@ -31,7 +31,7 @@ def sweep_of(**fields):
 def test_shipped_sweeps_load_and_expand(path):
     sweep = load_sweep(path)
     if sweep.search is not None:  # a search's trials come from its sampler: check its space instead
-        from geocont.sweep.optuna_search import distributions
+        from geocont.sweep.study import distributions
 
         assert set(distributions(sweep.search.space)) == set(sweep.search.space)
         return
@@ -117,16 +117,16 @@ def test_include_with_its_own_seed_runs_once_and_tracking_reaches_every_trial():
 def test_finished_sweep_runs_nothing_and_starts_no_ray(tmp_path):
     import ray
 
-    from geocont.sweep import ray_runner
+    from geocont.sweep.launch import run_sweep
 
     sweep = sweep_of(grid={"model.activation": ["relu", "none"]}, seeds=[0, 1])
     trials = expand(sweep)
     for i, t in enumerate(trials):
-        folder = results.run_dir(tmp_path, "t", t.run_id)
-        results.write_config(folder, t.config.to_dict())
-        results.write_run_info(folder, {"run_id": t.run_id, "sweep": "t", "status": ("completed", "diverged")[i % 2]})
+        folder = store.run_dir(tmp_path, "t", t.run_id)
+        store.write_config(folder, t.config.to_dict())
+        store.write_run_info(folder, {"run_id": t.run_id, "sweep": "t", "status": ("completed", "diverged")[i % 2]})
     text = yaml.safe_dump({"name": "t"})
-    outcome = ray_runner.run_sweep(sweep, text, tmp_path)
+    outcome = run_sweep(sweep, text, tmp_path)
     assert (outcome.ran, outcome.skipped, outcome.counts) == (0, 4, {"completed": 2, "diverged": 2})
     assert not ray.is_initialized()
     assert (tmp_path / "t" / "sweep.yaml").read_text() == text

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from geocont.sweep import ray_runner
+from geocont.sweep import session
 
 HOLD = "import sys, time; f = open(sys.argv[1], 'a'); print('ready', flush=True); time.sleep(120)"
 
@@ -37,19 +37,19 @@ def holders():
 def test_processes_are_found_by_their_folder_not_a_prefix_of_it(tmp_path, holders):
     mine = holders(tmp_path / "123" / "session" / "logs" / "raylet.out")
     other = holders(tmp_path / "1234" / "session" / "logs" / "raylet.out")
-    assert [p.pid for p in ray_runner.ray_processes(tmp_path / "123")] == [mine.pid]
-    assert [p.pid for p in ray_runner.ray_processes(tmp_path / "1234")] == [other.pid]
+    assert [p.pid for p in session.ray_processes(tmp_path / "123")] == [mine.pid]
+    assert [p.pid for p in session.ray_processes(tmp_path / "1234")] == [other.pid]
 
 
 def test_stale_instances_are_stopped_and_live_drivers_and_locks_left_alone(tmp_path, holders, monkeypatch):
-    monkeypatch.setattr(ray_runner, "EMBEDDED_ROOT", tmp_path)
+    monkeypatch.setattr(session, "EMBEDDED_ROOT", tmp_path)
     dead_driver = subprocess.Popen([sys.executable, "-c", "pass"])
     dead_driver.wait()
     orphan = holders(tmp_path / str(dead_driver.pid) / "session" / "logs" / "dashboard_agent.log")
     locker = holders(tmp_path / "locks" / "abc.lock")  # a running driver holds its sweep lock open
     live = holders(tmp_path / str(locker.pid) / "session" / "logs" / "raylet.out")  # that driver's own Ray
 
-    ray_runner.stop_stale_instances()
+    session.stop_stale_instances()
 
     deadline = time.monotonic() + 10
     while orphan.poll() is None and time.monotonic() < deadline:

@@ -21,9 +21,9 @@ import numpy as np
 import pytest
 import yaml
 
-from geocont import store as results
+from geocont import store
 from geocont.sweep.grid import expand
-from geocont.sweep.spec import load_sweep
+from geocont.sweep.load import load_sweep
 
 pytestmark = pytest.mark.slow
 
@@ -76,8 +76,8 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str, str]
     return proc.returncode, out, err
 
 
-def run_infos(store: Path, sweep: str) -> dict[str, dict]:
-    return {info["run_id"]: info for info in results.list_run_infos(store, sweep)}
+def run_infos(store_dir: Path, sweep: str) -> dict[str, dict]:
+    return {info["run_id"]: info for info in store.list_run_infos(store_dir, sweep)}
 
 
 def wandb_run_record(run_dir: Path) -> dict:
@@ -90,7 +90,7 @@ def wandb_run_record(run_dir: Path) -> dict:
 
 def assert_no_ray_left(driver_pid: int) -> None:
     """The embedded Ray of that driver is gone: no folder, no process holding a file in it."""
-    from geocont.sweep.ray_runner import EMBEDDED_ROOT, ray_processes
+    from geocont.sweep.session import EMBEDDED_ROOT, ray_processes
 
     folder = EMBEDDED_ROOT / str(driver_pid)
     assert not folder.exists()
@@ -114,11 +114,11 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
     write_idx_mnist(tmp_path / "mnist")
     write_short_corpus(tmp_path / "corpus")
     proc = geocont("launch", path.name, "--store", "store", cwd=tmp_path)
-    store = tmp_path / "store"
+    store_dir = tmp_path / "store"
     code, out, err = finish(proc)
     assert code == 1, out + err  # a failed trial makes the launch exit 1
     trials = {t.name: t for t in expand(load_sweep(path))}
-    infos = run_infos(store, "local")
+    infos = run_infos(store_dir, "local")
     status = {name: infos[t.run_id]["status"] for name, t in trials.items()}
     failed = next(n for n, s in status.items() if "kind=transformer" in n)
     diverged = next(n for n in status if "optim=sgd" in n)
@@ -134,11 +134,11 @@ def test_failing_trial_is_retried_diverged_is_not_and_the_rest_finish(tmp_path):
     assert "Traceback" not in err
     assert_no_ray_left(proc.pid)
     for name in status:  # the completed ones: one wandb group per sweep, readable names, the resolved config
-        run = wandb_run_record(results.run_dir(store, "local", trials[name].run_id))
+        run = wandb_run_record(store.run_dir(store_dir, "local", trials[name].run_id))
         assert (run["run_group"], run["display_name"]) == ("local", name)
         assert run["config"]["update"]["model"] == trials[name].config.to_dict()["model"]
 
-    code, out, _ = finish(geocont("status", "local", "--store", str(store)))
+    code, out, _ = finish(geocont("status", "local", "--store", str(store_dir)))
     assert code == 0
     assert "1 failed" in out and "1 diverged" in out and "3 completed" in out
     assert "ConfigError" in out  # the error, in the note column
@@ -152,18 +152,18 @@ def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
         grid={"model.activation": ["relu", "gelu", "none"]},
         seeds=[0, 1],
     )
-    store, sweep = tmp_path / "store", "killed"
+    store_dir, sweep = tmp_path / "store", "killed"
     trials = expand(load_sweep(path))
-    proc = geocont("launch", str(path), "--store", str(store))
+    proc = geocont("launch", str(path), "--store", str(store_dir))
     deadline = time.monotonic() + 600
-    while not results.list_run_infos(store, sweep) and time.monotonic() < deadline and proc.poll() is None:
+    while not store.list_run_infos(store_dir, sweep) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.2)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    before = {p.parent.name: p.read_text() for p in (store / sweep).glob("*/run.json")}
+    before = {p.parent.name: p.read_text() for p in (store_dir / sweep).glob("*/run.json")}
     assert 1 <= len(before) < len(trials), "the kill must land mid-sweep"
 
-    resumed = geocont("resume", sweep, "--store", str(store))
+    resumed = geocont("resume", sweep, "--store", str(store_dir))
     code, out, err = finish(resumed)
     assert code == 0, out + err
     # The killed driver's orphaned worker may finish its trial before the resume stops it: that run counts
@@ -171,18 +171,18 @@ def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
     ran, already = map(int, re.search(r"ran (\d+), (\d+) already in the store", out).groups())
     assert ran + already == len(trials) and already >= len(before)
     # Exactly one completed run per trial; none lost, none repeated, nothing partial.
-    folders = {p.name for p in (store / sweep).iterdir() if p.is_dir()}
+    folders = {p.name for p in (store_dir / sweep).iterdir() if p.is_dir()}
     assert folders == {t.run_id for t in trials}
     for t in trials:
-        files = {p.name for p in results.run_dir(store, sweep, t.run_id).iterdir()}
+        files = {p.name for p in store.run_dir(store_dir, sweep, t.run_id).iterdir()}
         assert files == {"config.yaml", "metrics.parquet", "run.json"}
-        assert json.loads((results.run_dir(store, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
+        assert json.loads((store.run_dir(store_dir, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
     for run_id, text in before.items():  # runs finished before the kill were not run again
-        assert (store / sweep / run_id / "run.json").read_text() == text
+        assert (store_dir / sweep / run_id / "run.json").read_text() == text
     assert_no_ray_left(proc.pid)  # the killed driver's orphans were stopped by the resume
     assert_no_ray_left(resumed.pid)
 
-    code, out, _ = finish(geocont("launch", str(path), "--store", str(store)))
+    code, out, _ = finish(geocont("launch", str(path), "--store", str(store_dir)))
     assert code == 0 and f"{len(trials)} trials ({len(trials)} completed); nothing to run" in out
 
 
@@ -194,31 +194,31 @@ def test_optuna_search_lands_in_the_store_and_resumes_to_nothing(tmp_path):
         "space": {"optim.lr": {"type": "float", "low": 1.0e-3, "high": 1.0e-2, "log": True}},
     }
     path = write_sweep(tmp_path, name="search", search=search)
-    store = tmp_path / "store"
-    code, out, err = finish(geocont("launch", str(path), "--store", str(store), "--max-concurrent", "1"))
+    store_dir = tmp_path / "store"
+    code, out, err = finish(geocont("launch", str(path), "--store", str(store_dir), "--max-concurrent", "1"))
     assert code == 0, out + err
-    from geocont.sweep.optuna_search import finished, open_study
+    from geocont.sweep.study import finished, open_study
 
-    study = open_study(store, load_sweep(path))
+    study = open_study(store_dir, load_sweep(path))
     done = finished(study)
     assert len(done) == 3
-    infos = run_infos(store, "search")
+    infos = run_infos(store_dir, "search")
     assert len({info["worker_pid"] for info in infos.values()}) == 1  # one at a time: one reused actor
-    frame = results.runs(store, "search").collect()
+    frame = store.runs(store_dir, "search").collect()
     for trial in done:
         run_id = trial.user_attrs["run_id"]
         assert infos[run_id]["status"] == "completed"
         assert infos[run_id]["name"] == f"lr={trial.params['optim.lr']:g} seed=0"
         stored = frame.filter(frame["run_id"] == run_id)["val/acc"][0]
         assert trial.value == pytest.approx(stored)
-    code, out, _ = finish(geocont("resume", "search", "--store", str(store)))
+    code, out, _ = finish(geocont("resume", "search", "--store", str(store_dir)))
     assert code == 0 and "nothing to run" in out
 
 
 def test_a_trial_whose_worker_dies_is_retried_from_a_clean_folder(tmp_path):
     import psutil
 
-    from geocont.sweep.ray_runner import EMBEDDED_ROOT, ray_processes
+    from geocont.sweep.session import EMBEDDED_ROOT, ray_processes
 
     path = write_sweep(
         tmp_path,
@@ -228,9 +228,9 @@ def test_a_trial_whose_worker_dies_is_retried_from_a_clean_folder(tmp_path):
         tracking={"wandb": {"mode": "disabled"}, "tensorboard": True},
     )
     (trial,) = expand(load_sweep(path))
-    store = tmp_path / "store"
-    folder = results.run_dir(store, "lost", trial.run_id)
-    proc = geocont("launch", str(path), "--store", str(store))
+    store_dir = tmp_path / "store"
+    folder = store.run_dir(store_dir, "lost", trial.run_id)
+    proc = geocont("launch", str(path), "--store", str(store_dir))
     deadline = time.monotonic() + 300
     while not (folder / "metrics.partial.parquet").exists():  # the first attempt is training and has written
         assert time.monotonic() < deadline and proc.poll() is None
@@ -241,8 +241,8 @@ def test_a_trial_whose_worker_dies_is_retried_from_a_clean_folder(tmp_path):
     code, out, err = finish(proc)
     assert code == 0, out + err
     assert f"{trial.run_id} (2 attempts)" in out
-    assert run_infos(store, "lost")[trial.run_id]["status"] == "completed"
-    assert run_infos(store, "lost")[trial.run_id]["worker_pid"] != workers[0].pid
+    assert run_infos(store_dir, "lost")[trial.run_id]["status"] == "completed"
+    assert run_infos(store_dir, "lost")[trial.run_id]["worker_pid"] != workers[0].pid
     assert len(list((folder / "tensorboard").glob("events.out.tfevents.*"))) == 1  # none left from the lost attempt
     assert not (folder / "metrics.partial.parquet").exists()
     assert not psutil.pid_exists(workers[0].pid)

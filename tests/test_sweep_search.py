@@ -4,17 +4,10 @@ from __future__ import annotations
 
 from optuna.trial import TrialState
 
-from geocont import store as results
-from geocont.sweep.optuna_search import (
-    StudySearcher,
-    distributions,
-    finished,
-    open_study,
-    payload,
-    reconcile,
-    search_counts,
-)
-from geocont.sweep.spec import parse_sweep
+from geocont import store
+from geocont.sweep.load import parse_sweep
+from geocont.sweep.search import StudySearcher
+from geocont.sweep.study import distributions, finished, open_study, payload, reconcile, search_counts
 
 TINY = {"model": {"kind": "mlp", "depth": 3, "width": 16}, "data": {"name": "digits"}, "train": {"epochs": 1}}
 
@@ -24,14 +17,14 @@ def search_sweep(space, n_trials=3):
     return parse_sweep({"name": "s", "base": TINY, "search": search, "tracking": {"wandb": {"mode": "disabled"}}})
 
 
-def store_run(store, sweep, params, status="completed", acc=0.5):
+def store_run(store_dir, sweep, params, status="completed", acc=0.5):
     """A finished run in the store, as train() leaves it."""
     spec = payload(sweep, params)
-    folder = results.run_dir(store, sweep.name, spec["run_id"])
-    results.write_config(folder, spec["config"])
+    folder = store.run_dir(store_dir, sweep.name, spec["run_id"])
+    store.write_config(folder, spec["config"])
     rows = [{"run_id": spec["run_id"], "epoch": 1, "step": 10, "name": "val/acc", "value": acc}]
-    results.write_metrics(folder, rows)
-    results.write_run_info(folder, {"run_id": spec["run_id"], "sweep": sweep.name, "status": status})
+    store.write_metrics(folder, rows)
+    store.write_run_info(folder, {"run_id": spec["run_id"], "sweep": sweep.name, "status": status})
     return spec["run_id"]
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from geocont.sweep.grid import expand
-from geocont.sweep.spec import sweep_from_text, with_overrides
+from geocont.sweep.load import sweep_from_text, with_overrides
 
 SWEEPS = Path(__file__).resolve().parents[1] / "sweeps"
 

@@ -14,44 +14,18 @@ the file's pages stay resident (and count in RSS) only while that one tensor is 
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
+from geocont.analyze.gguf_file import dequantize_problem, open_gguf, read_rows
+from geocont.analyze.tensors import ITEMSIZE, Checkpoint, TensorInfo, capped
 from geocont.config import ConfigError
 
 INDEX = "model.safetensors.index.json"
-ITEMSIZE = {"BF16": 2, "F16": 2, "F32": 4, "F64": 8}  # the float dtypes a matrix may have
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    file: Path
-    shape: tuple[int, ...]  # PyTorch orientation: (out, in) for a matrix
-    dtype: str  # safetensors spelling (BF16, F16, F32, ...) or a GGUF type name (Q4_1, Q8_0, Q6_K, F16, ...)
-    offset: int | None = None  # GGUF only: byte offset of the data in `file` (safetensors reads by name)
-    nbytes: int | None = None  # GGUF only: bytes of the stored (possibly quantized) data
-
-    @property
-    def row_bytes(self) -> int:
-        """Stored bytes of one row (GGUF quantizes along rows, so a block of rows is a byte range)."""
-        if self.nbytes is not None:
-            return self.nbytes // self.shape[0]
-        return math.prod(self.shape[1:]) * ITEMSIZE[self.dtype]
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    source: str  # what the user typed
-    root: Path  # folder holding the files
-    config: dict | None  # config.json, when there is one (GGUF: built from the file's metadata)
-    tensors: dict[str, TensorInfo]
-    format: str = "safetensors"  # or "gguf"
 
 
 def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None] | None = None) -> Checkpoint:
@@ -65,8 +39,6 @@ def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None]
             raise ConfigError([f"{spec}: no such file or folder"])
         path = _download(spec, check_config)
     if path.suffix == ".gguf" or (path.is_dir() and _gguf_only(path)):
-        from geocont.analyze.gguf_file import open_gguf
-
         return open_gguf(spec, path)
     if path.is_file():
         if path.suffix != ".safetensors":
@@ -91,12 +63,6 @@ def open_checkpoint(spec: str, check_config: Callable[[dict | None, Path], None]
 def _gguf_only(folder: Path) -> bool:
     """A folder of GGUF files and no safetensors (a Hugging Face folder with both is read as safetensors)."""
     return any(folder.glob("*.gguf")) and not any(folder.glob("*.safetensors")) and not (folder / INDEX).exists()
-
-
-def capped(problems: list[str], most: int = 10) -> list[str]:
-    """At most `most` lines: a broken 70B checkpoint should not print a thousand of them."""
-    extra = len(problems) - most
-    return problems if extra <= 0 else [*problems[:most], f"... and {extra} more problems like these"]
 
 
 def _download(repo_id: str, check_config: Callable[[dict | None, Path], None] | None) -> Path:
@@ -184,8 +150,6 @@ def _read_header(file: Path) -> dict[str, TensorInfo]:
 def dtype_problem(info: TensorInfo) -> str | None:
     """Why a matrix of this stored type cannot be read (None: it can), naming the types that can."""
     if info.offset is not None:
-        from geocont.analyze.gguf_file import dequantize_problem
-
         return dequantize_problem(info.dtype)
     return None if info.dtype in ITEMSIZE else f"dtype {info.dtype} is not supported (float: {', '.join(ITEMSIZE)})"
 
@@ -199,8 +163,6 @@ def read_matrix(info: TensorInfo, name: str, rows: tuple[int, int] | None, dtype
     import torch
 
     if info.offset is not None:
-        from geocont.analyze.gguf_file import read_rows
-
         W = torch.from_numpy(read_rows(info, rows)).to(dtype)
     else:
         with safe_open(info.file, framework="pt") as f:

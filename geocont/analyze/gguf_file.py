@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from geocont.analyze.checkpoint import Checkpoint, TensorInfo, capped
+from geocont.analyze.tensors import Checkpoint, TensorInfo, capped
 from geocont.config import ConfigError
 
 MAGIC = b"GGUF"

@@ -6,8 +6,8 @@ import json
 import math
 from pathlib import Path
 
-from geocont.analyze.checkpoint import ITEMSIZE
 from geocont.analyze.engine import GAP_THRESHOLD, K_SIGMA, Analysis
+from geocont.analyze.tensors import ITEMSIZE
 
 PAIR_SCHEMA = {
     "role": "String",

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from geocont.analyze.checkpoint import Checkpoint, TensorInfo, capped, dtype_problem
+from geocont.analyze.checkpoint import dtype_problem
+from geocont.analyze.tensors import Checkpoint, TensorInfo, capped
 from geocont.config import ROLES, ConfigError
 
 

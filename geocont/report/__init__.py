@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from geocont import DEFAULT_STORE
 from geocont.config import ConfigError
 
 if TYPE_CHECKING:  # altair and polars load only when a report is built: `geocont --help` stays fast
@@ -74,7 +75,7 @@ def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: lis
 
     problems = []
     if not store.is_dir() and not analysis:
-        problems.append(f"--store {store}: no such folder (a results store, e.g. geocont-results)")
+        problems.append(f"--store {store}: no such folder (a results store, e.g. {DEFAULT_STORE})")
     if output.suffix.lower() not in (".html", ".htm"):
         problems.append(f"--output {output}: expected an .html file name")
     if output.exists() and output.is_dir():
@@ -90,7 +91,7 @@ def _check_inputs(store: Path, output: Path, figures: Path | None, analysis: lis
 
 def report_command(
     # a str: Path("") would be ".", and `--store ''` must be an error, not the current folder
-    store_arg: Annotated[str, typer.Option("--store", help="Results store folder.")] = "geocont-results",
+    store_arg: Annotated[str, typer.Option("--store", help="Results store folder.")] = DEFAULT_STORE,
     sweep: Annotated[str | None, typer.Option("--sweep", help="Only this sweep (default: every sweep).")] = None,
     output: Annotated[Path, typer.Option("--output", "-o", help="HTML file to write.")] = Path("report.html"),
     figures: Annotated[
@@ -108,7 +109,7 @@ def report_command(
     heatmaps for transformer sweeps and `geocont analyze` outputs.
     """
     if store_arg == "":
-        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
+        raise ConfigError([f"--store: empty; give the results store folder, e.g. --store {DEFAULT_STORE}"])
     store = Path(store_arg)
     analysis = list(analysis or [])
     _check_inputs(store, output, figures, analysis)

@@ -1,6 +1,7 @@
 """What `sweep launch` and `sweep resume` check before Ray starts: bad input is exit 2 with nothing written.
 
-- the store takes files, and `--address` answers (an address with nothing listening made Ray retry forever);
+- the store takes files, and `--address` is a Ray that answers (ray.init retries for minutes at an address with
+  nothing listening, or with something that is not Ray);
 - every trial's data reads back and its model fits in memory (geocont.preflight);
 - a sweep name already in the store is launched with the same trials: a different grid is refused with
   the difference named (docs/store-safety.md), never written over the stored sweep.yaml;
@@ -13,11 +14,12 @@ import socket
 from pathlib import Path
 from typing import Any
 
-from geocont import store as results
-from geocont.config import ConfigError, RunConfig, read_text
+from geocont import store
+from geocont.config import ConfigError, RunConfig
 from geocont.datafiles import fingerprint
 from geocont.preflight import CLUSTER_NODE_MAX_MEMORY, run_problems
 from geocont.sweep.grid import base_raw, expand, format_value
+from geocont.sweep.load import stored_sweep
 from geocont.sweep.spec import SweepConfig
 
 CONNECT_TIMEOUT_S = 5.0
@@ -25,25 +27,15 @@ CONNECT_TIMEOUT_S = 5.0
 FREE_FIELDS = ("resources", "retries", "tracking")
 
 
-def load_launch(path: Path, overrides: list[str]) -> tuple[SweepConfig, str]:
-    """SWEEP.yaml (+ `--set` pairs) validated, and the text to record as launched."""
-    from geocont.sweep.spec import load_sweep, with_overrides
-
-    if overrides:
-        return with_overrides(path, overrides)
-    sweep = load_sweep(path)
-    return sweep, read_text(path)
-
-
-def check_launch(sweep: SweepConfig, store: str, address: str | None, relaunch: bool = True) -> None:
-    """Every problem of launching `sweep` into `store` through `address`, as one ConfigError."""
-    problems = _collect(results.check_writable, store) + address_problems(address)
+def check_launch(sweep: SweepConfig, store_dir: str, address: str | None, relaunch: bool = True) -> None:
+    """Every problem of launching `sweep` into `store_dir` through `address`, as one ConfigError."""
+    problems = _collect(store.check_writable, store_dir) + address_problems(address)
     if not problems and relaunch:
-        problems += _collect(same_trials, sweep, Path(store))
+        problems += _collect(same_trials, sweep, Path(store_dir))
     configs = [t.config for t in expand(sweep)] if sweep.search is None else [_search_base(sweep)]
     problems += config_problems(configs, None if address is None else CLUSTER_NODE_MAX_MEMORY)
     if not problems and sweep.search is None:
-        problems += data_changed(sweep, Path(store))
+        problems += data_changed(sweep, Path(store_dir))
     if problems:
         raise ConfigError(problems)
 
@@ -74,7 +66,42 @@ def address_problems(address: str | None) -> list[str]:
             f"--address {address}: nothing answers at {host}:{port} ({reason}); start the cluster with "
             "`ray start --head`, or leave --address out for a local Ray"
         ]
+    if not ray_answers(target, client=address.startswith("ray://")):
+        return [
+            f"--address {address}: {host}:{port} takes connections but is not a Ray cluster (no Ray reply within "
+            f"{CONNECT_TIMEOUT_S:g} s); allowed: auto, the host:port of a Ray head (`ray start --head`), "
+            "ray://host:10001 (Ray Client), or no --address for a local Ray"
+        ]
     return []
+
+
+def ray_answers(target: str, client: bool) -> bool:
+    """Whether the Ray head's GCS (or, for ray://, its Ray Client server) answers one call within the timeout.
+
+    ray.init has no overall timeout: at a port that takes TCP but speaks no Ray (a web server, a silent
+    socket) it retries for minutes, deaf to SIGTERM. One call with a deadline tells first. A rejected
+    token still proves a Ray answered; ray.init brings the token itself.
+    """
+    import grpc
+    from ray._private.grpc_utils import init_grpc_channel  # Ray's own channel: TLS and token as ray.init sets them
+
+    channel = init_grpc_channel(target)
+    try:
+        if client:
+            from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+            ping = ray_client_pb2.ClusterInfoRequest(type=ray_client_pb2.ClusterInfoType.PING)
+            ray_client_pb2_grpc.RayletDriverStub(channel).ClusterInfo(ping, timeout=CONNECT_TIMEOUT_S)
+        else:
+            from ray.core.generated import gcs_service_pb2, gcs_service_pb2_grpc
+
+            request = gcs_service_pb2.GetClusterIdRequest()
+            gcs_service_pb2_grpc.NodeInfoGcsServiceStub(channel).GetClusterId(request, timeout=CONNECT_TIMEOUT_S)
+    except grpc.RpcError as err:
+        return err.code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        channel.close()
+    return True
 
 
 def _auto_address() -> str | list[str]:
@@ -110,19 +137,17 @@ def _search_base(sweep: SweepConfig) -> RunConfig:
 # A sweep name already in the store
 
 
-def same_trials(sweep: SweepConfig, store: Path) -> None:
+def same_trials(sweep: SweepConfig, store_dir: Path) -> None:
     """Refuse a launch whose trials differ from those of the sweep already stored under its name."""
-    if not (store / sweep.name / "sweep.yaml").is_file():
+    if not store.spec_path(store_dir, sweep.name).is_file():
         return
-    from geocont.sweep.status import stored_sweep
-
-    old, _ = stored_sweep(store, sweep.name)
+    old, _ = stored_sweep(store_dir, sweep.name)
     if sweep.search is None and old.search is None:
         if {t.run_id for t in expand(old)} == {t.run_id for t in expand(sweep)}:
             return  # other spellings of the same trials, or only resources, retries or tracking changed
     lines = differences(old, sweep)
     if lines:
-        where = f"sweep {sweep.name!r} in {store}"
+        where = f"sweep {sweep.name!r} in {store_dir}"
         raise ConfigError(
             [f"{line}; {where} was launched with other trials: launch this one under a new name" for line in lines]
         )
@@ -140,7 +165,7 @@ def differences(old: SweepConfig, new: SweepConfig) -> list[str]:
 
 def _comparable(sweep: SweepConfig) -> dict[str, Any]:
     dump = sweep.model_dump(mode="json", exclude=set(FREE_FIELDS))
-    flat = results.flatten({k: v for k, v in dump.items() if k != "grid"})
+    flat = store.flatten({k: v for k, v in dump.items() if k != "grid"})
     flat.update({f"grid.{axis}": values for axis, values in dump["grid"].items()})  # axes are dotted already
     flat.pop("search.n_trials", None)  # a search may be given more trials: the study goes on
     return flat
@@ -154,18 +179,18 @@ def _show(value: Any) -> str:
 # Data that changed under finished trials
 
 
-def data_changed(sweep: SweepConfig, store: Path) -> list[str]:
+def data_changed(sweep: SweepConfig, store_dir: Path) -> list[str]:
     """One line per data.path whose files differ from those finished trials were trained on."""
     digests: dict[Any, str | None] = {}
     changed: dict[str, list[str]] = {}
     for trial in expand(sweep):
-        folder = results.run_dir(store, sweep.name, trial.run_id)
-        if results.result_info(folder) is None:
+        folder = store.run_dir(store_dir, sweep.name, trial.run_id)
+        if store.result_info(folder) is None:
             continue
         data = trial.config.data
         if data not in digests:
             digests[data] = fingerprint(data)
-        recorded = results.recorded_fingerprint(folder)
+        recorded = store.recorded_fingerprint(folder)
         if recorded is not None and digests[data] is not None and recorded != digests[data]:
             changed.setdefault(str(data.path), []).append(trial.run_id)
     return [

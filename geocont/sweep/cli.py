@@ -13,7 +13,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-DEFAULT_STORE = "geocont-results"  # geocont.store's default, spelled here so `geocont --help` skips polars
+from geocont import DEFAULT_STORE
 
 sweep_app = typer.Typer(
     help="Launch, resume and inspect sweeps: YAML grids and optuna searches run on Ray Tune.",
@@ -48,14 +48,10 @@ def launch(
 
     A name already in the store takes the same trials only: a different grid is refused, naming the difference.
     """
-    from geocont.sweep.checks import check_launch, load_launch
-
-    sweep, text = load_launch(sweep_file, set_ or [])
-    check_launch(sweep, store, address)  # before Ray starts: bad input writes nothing
-    from geocont.sweep import ray_runner
+    from geocont.sweep.launch import launch_sweep
 
     options = {"address": address, "max_concurrent": max_concurrent}
-    _report(lambda view: ray_runner.run_sweep(sweep, text, Path(store), view=view, **options))
+    _report(lambda view: launch_sweep(sweep_file, store, set_ or [], view=view, **options))
 
 
 @sweep_app.command()
@@ -66,15 +62,11 @@ def resume(
     max_concurrent: ConcurrencyOption = None,
 ) -> None:
     """Finish a sweep from the store alone (its sweep.yaml), e.g. after the driver was killed."""
-    from geocont.sweep.checks import check_launch
-    from geocont.sweep.status import stored_sweep
+    from geocont.sweep.launch import resume_sweep
 
-    sweep, text = stored_sweep(_existing_store(store), name)
-    check_launch(sweep, store, address, relaunch=False)
-    from geocont.sweep import ray_runner
-
+    _existing_store(store)
     options = {"address": address, "max_concurrent": max_concurrent}
-    _report(lambda view: ray_runner.run_sweep(sweep, text, Path(store), view=view, **options))
+    _report(lambda view: resume_sweep(name, store, view=view, **options))
 
 
 @sweep_app.command()
@@ -99,9 +91,9 @@ def _existing_store(store: str) -> Path:
     from geocont.config import ConfigError
 
     if store == "":
-        raise ConfigError(["--store: empty; give the results store folder, e.g. --store geocont-results"])
+        raise ConfigError([f"--store: empty; give the results store folder, e.g. --store {DEFAULT_STORE}"])
     if not Path(store).is_dir():
-        raise ConfigError([f"--store {store}: no such folder (a results store, e.g. geocont-results)"])
+        raise ConfigError([f"--store {store}: no such folder (a results store, e.g. {DEFAULT_STORE})"])
     return Path(store)
 
 

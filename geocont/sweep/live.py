@@ -1,6 +1,6 @@
 """The terminal view of a sweep: a live rich table while it runs, and the same table for `sweep status`.
 
-SweepView is fed by the Tune callback in ray_runner (events: start, result, retry, complete, error)
+SweepView is fed by the Tune callback in geocont.sweep.fit (events: start, result, retry, complete, error)
 on Tune's driver thread, and drawn by rich's refresh thread: both go through one lock. Without a
 terminal (CI, a pipe) it prints one line per finished trial instead of redrawing.
 """
@@ -20,11 +20,13 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-METRICS = ("val/acc", "val/ppl", "train/loss", "weight/v1_continuity", "weight/u1_continuity")
+from geocont import catalog, store
+
+METRICS = catalog.LIVE
 # A run's loss spikes (geocont.metrics.spikes): the metric's value is the last spike's loss / level.
 # Shown in its own column, beside the metrics, whenever a trial has one: its grad_cum / delta_gw are
 # then dominated by that step.
-SPIKE = "train/spike"
+SPIKE = catalog.SPIKE
 STYLES = {
     "running": "cyan",
     "retrying": "yellow",
@@ -108,10 +110,7 @@ class SweepView:
 
     # -- drawing --------------------------------------------------------------------------------
     def counts(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for row in self.rows.values():
-            counts[row.status] = counts.get(row.status, 0) + 1
-        return counts
+        return store.status_counts(row.status for row in self.rows.values())
 
     def __rich__(self) -> Group:
         with self._lock:

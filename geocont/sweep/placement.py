@@ -4,7 +4,7 @@
   node's GPUs from tasks that asked for none, so the trial hides them itself and forces the CPU.
 - a share in (0, 1]: the trial trains on the GPU Ray assigned it (Ray sets CUDA_VISIBLE_DEVICES);
   fractions put several trials on one device (0.25: four at a time).
-- above 1: refused (sweep/spec.py). A geocont trial is one small model on one device; more GPUs per trial would sit
+- above 1: refused (sweep/validate.py). A geocont trial is one small model on one device; more GPUs per trial would sit
   idle (many trials per GPU, not many GPUs per trial, is what these sweeps need).
 An explicit `train.accelerator` that contradicts the share is a launch error, never a silent override.
 """
