@@ -4,7 +4,7 @@ Each member ends exactly as train(cfg) would leave it: its own run folder (by it
 config.yaml, metrics.parquet, run.json, TensorBoard and wandb run, its own initial weights (seeded
 and built as its solo run builds them), its own seeded split and batch order. The only trace of
 packing is run.json's `pack`: the run_ids trained together, in pack order. Members may differ only
-in what `geocont.models.packed.pack_key` leaves free (seed, init_std, optimizer hyperparameters).
+in what `pack_key` leaves free (seed, init_std, optimizer hyperparameters).
 """
 
 from __future__ import annotations
@@ -22,11 +22,44 @@ from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
 from geocont.train import LOG_EVERY_N_STEPS, RunResult, _now, _quiet_lightning
 
+# Config fields that may differ inside a pack (dotted paths); everything else is the pack key.
+FREE_FIELDS = frozenset(
+    {
+        "train.seed",
+        "model.init_std",
+        "optim.lr",
+        "optim.beta1",
+        "optim.beta2",
+        "optim.eps",
+        "optim.weight_decay",
+        "preset",  # a name only: the resolved values it set are compared field by field
+    }
+)
+
+
+def pack_key(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
+    """What must be equal for two run configs to train in one pack: every field but FREE_FIELDS.
+
+    A sorted tuple of (dotted path, value) pairs, hashable, so a sweep groups its trials by it. Tracking
+    is in the key too (the trials of one sweep share it anyway). The key is defined for every config;
+    only kinds with a `packed` network (geocont.kinds) train in packs.
+    """
+    flat: dict[str, object] = {}
+    _flatten(cfg.model_dump(mode="json"), "", flat)
+    return tuple(sorted((path, value) for path, value in flat.items() if path not in FREE_FIELDS))
+
+
+def _flatten(tree: dict, prefix: str, out: dict[str, object]) -> None:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            _flatten(value, f"{path}.", out)
+        else:
+            out[path] = tuple(value) if isinstance(value, list) else value  # hashable
+
 
 def pack_problems(cfgs: list[RunConfig]) -> list[str]:
     """Why these configs cannot train as one pack (empty when they can)."""
-    from geocont.models.packed import pack_key
-
     kind = kinds.get(cfgs[0].model.kind)
     if kind.packed is None:
         return [f"resources.pack: model.kind '{kind.name}' has no packed model; allowed: pack 1 for it"]

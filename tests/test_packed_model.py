@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from geocont.config import MLPConfig, RunConfig
 from geocont.models.layers import ACTIVATIONS, NORMS
 from geocont.models.mlp import ResidualMLP
-from geocont.models.packed import PACKED_NORMS, PackedMLP, pack_key
+from geocont.models.packed import PACKED_NORMS, PackedMLP
+from geocont.pack import pack_key
 
 IN, CLASSES, B = 6, 5, 7
 

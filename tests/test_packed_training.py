@@ -22,9 +22,10 @@ from geocont.data.digits import DigitsDataModule
 from geocont.data.packed import PackedBatches
 from geocont.lit.module import build_optimizer
 from geocont.models import build_model
-from geocont.models.packed import PackedMLP, pack_key
+from geocont.models.packed import PackedMLP
 from geocont.optim.batched import build_batched_optimizer
 from geocont.optim.step import classifier_step
+from geocont.pack import pack_key
 
 STEPS = 30  # more than the 24 batches of an epoch: each member's reshuffle at the epoch boundary is exercised
 

@@ -7,7 +7,7 @@ Member k is exactly the solo `ResidualMLP` k: every layer holds one parameter of
 kernels instead of K times many small ones. One parameter per layer, not one (K, L, d, d) tensor sliced
 per layer: a slice's backward writes a full-size gradient, which measured twice as slow (docs/stack.md).
 
-What may differ between members, and what may not (`pack_key` is the rule in code):
+What may differ between members, and what may not (`geocont.pack.pack_key` is the rule in code):
 - may differ: the seed (hence the initial weights, the data split and the batch order), `init_std`
   (it only changes the initial weights, which `from_members` copies from each solo model) and every
   optimizer hyperparameter (lr, beta1, beta2, eps, weight_decay: geocont.optim.batched takes them per member);
@@ -25,44 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from geocont.config import MLPConfig, RunConfig
+from geocont.config import MLPConfig
 from geocont.models.layers import make_activation
 from geocont.models.mlp import ResidualMLP
-
-# Config fields that may differ inside a pack (dotted paths); everything else is the pack key.
-FREE_FIELDS = frozenset(
-    {
-        "train.seed",
-        "model.init_std",
-        "optim.lr",
-        "optim.beta1",
-        "optim.beta2",
-        "optim.eps",
-        "optim.weight_decay",
-        "preset",  # a name only: the resolved values it set are compared field by field
-    }
-)
-
-
-def pack_key(cfg: RunConfig) -> tuple[tuple[str, object], ...]:
-    """What must be equal for two run configs to train in one pack: every field but FREE_FIELDS.
-
-    A sorted tuple of (dotted path, value) pairs, hashable, so a sweep groups its trials by it. Tracking
-    is kept in the key: the pack's process owns one set of loggers, so members must agree on them. The
-    key is defined for every config, but only model.kind 'mlp' has a packed model (PackedMLP).
-    """
-    flat: dict[str, object] = {}
-    _flatten(cfg.model_dump(mode="json"), "", flat)
-    return tuple(sorted((path, value) for path, value in flat.items() if path not in FREE_FIELDS))
-
-
-def _flatten(tree: dict, prefix: str, out: dict[str, object]) -> None:
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, dict):
-            _flatten(value, f"{path}.", out)
-        else:
-            out[path] = tuple(value) if isinstance(value, list) else value  # hashable
 
 
 class _BatchedLinear(torch.autograd.Function):

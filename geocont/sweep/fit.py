@@ -20,6 +20,7 @@ from typing import Any
 from ray import tune
 
 from geocont import store
+from geocont.sweep import packs
 from geocont.sweep.grid import expand
 from geocont.sweep.placement import check_launch
 from geocont.sweep.session import claim, ray_session, throwaway_dir
@@ -69,7 +70,7 @@ def run_grid(sweep: SweepConfig, text: str, store_dir: Path, options: LaunchOpti
             store.clear_unfinished(store_dir, sweep.name, [t.run_id for t in pending])
             if options.view is not None:
                 options.view.begin(sweep, trials, {t.run_id for t in pending})
-            grid = tune.grid_search([t.payload() for t in pending])
+            grid = tune.grid_search([packs.payload(p) for p in packs.group(pending, sweep.resources.pack)])
             outcome.attempts = fit(sweep, store_dir, options, param_space={"trial": grid})
     outcome.wall_s = time.perf_counter() - t0
     outcome.counts = store.status_counts(store.run_status(store_dir, sweep.name, t.run_id) for t in trials)
@@ -146,13 +147,9 @@ class AttemptTracker(tune.Callback):
     def __getstate__(self) -> dict[str, Any]:
         return {"view": None, "attempts": dict(self.attempts)}
 
-    @staticmethod
-    def _run_id(trial: Any) -> str:
-        return trial.config["trial"]["run_id"]
-
     def on_trial_start(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
-        run_id = self._run_id(trial)
-        self.attempts[run_id] = self.attempts.get(run_id, 0) + 1
+        for member in packs.members(trial.config["trial"]):
+            self.attempts[member["run_id"]] = self.attempts.get(member["run_id"], 0) + 1
         self._tell("start", trial)
 
     def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict, **info: Any) -> None:
@@ -169,8 +166,12 @@ class AttemptTracker(tune.Callback):
         self._tell("error", trial, {"error": _error_line(trial.error_file, trial.config["trial"]["name"])})
 
     def _tell(self, event: str, trial: Any, result: dict | None = None) -> None:
-        if self.view is not None:
-            self.view.event(event, trial.config["trial"], result or {})
+        """The event for each trial of the Tune trial (one, or a pack's members, each with its own result)."""
+        if self.view is None:
+            return
+        result = result or {}
+        for member in packs.members(trial.config["trial"]):
+            self.view.event(event, member, result.get("members", {}).get(member["run_id"], result))
 
 
 def _error_line(error_file: str | None, name: str) -> str:

@@ -16,10 +16,11 @@ from geocont.fields import Number, Strict
 
 
 class Resources(Strict):
-    """Per trial. Fractions of a GPU share one device between trials; more than one GPU is refused."""
+    """Per trial (per pack when `pack` > 1). Fractions of a GPU share one device; more than one GPU is refused."""
 
     cpu: Number = Field(1.0, gt=0)
     gpu: Number = Field(0.0, ge=0)
+    pack: StrictInt = Field(1, ge=1)  # at most this many same-shape trials per process (geocont.pack)
 
     def threads(self) -> int:
         """torch threads for one trial: its whole CPUs, at least one."""

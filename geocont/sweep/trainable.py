@@ -17,6 +17,7 @@ import ray
 from ray import tune
 
 from geocont import store
+from geocont.sweep import packs
 from geocont.sweep.placement import trial_accelerator
 
 REPORT_EVERY_S = 1.0  # a trial's progress reports to Tune (the live view), at most this often
@@ -27,17 +28,16 @@ class TrialFailed(RuntimeError):
 
 
 def trainable(config: dict[str, Any], *, store_dir: str, sweep: str, threads: int, gpu: float, cwd: str) -> None:
-    """One trial: train(cfg) with live metrics to Tune; raises on `failed` so FailureConfig retries it."""
-    from geocont.config import RunConfig, deep_merge
+    """One trial: train(cfg) with live metrics to Tune; raises on `failed` so FailureConfig retries it.
 
+    A pack (`resources.pack`) is one Tune trial whose payload lists its members: they train together
+    through train_pack, each reported under its own run_id (`members` of every report).
+    """
     spec = config["trial"]
-    # one wandb group per sweep (tracking is not part of the run_id: the run stays the same run)
-    cfg = RunConfig.model_validate(deep_merge(spec["config"], {"tracking": {"wandb": {"group": sweep}}}))
-    accelerator = trial_accelerator(gpu, cfg.train.accelerator)  # first: hides the GPUs before torch looks
+    cfgs = [_run_config(m, sweep) for m in packs.members(spec)]
+    accelerator = trial_accelerator(gpu, cfgs[0].train.accelerator)  # first: hides the GPUs before torch looks
 
     import torch
-
-    from geocont.train import train
 
     torch.set_num_threads(threads)
     if os.path.isdir(cwd):  # Tune moved us into its trial folder: relative paths mean what they mean to the CLI
@@ -49,6 +49,22 @@ def trainable(config: dict[str, Any], *, store_dir: str, sweep: str, threads: in
         "worker_pid": os.getpid(),
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
     }
+    if "members" in spec:
+        _train_pack(spec, cfgs, store_dir, sweep, info, accelerator)
+    else:
+        _train_one(spec, cfgs[0], store_dir, sweep, info, accelerator)
+
+
+def _run_config(member: dict[str, Any], sweep: str):
+    from geocont.config import RunConfig, deep_merge
+
+    # one wandb group per sweep (tracking is not part of the run_id: the run stays the same run)
+    return RunConfig.model_validate(deep_merge(member["config"], {"tracking": {"wandb": {"group": sweep}}}))
+
+
+def _train_one(spec: dict[str, Any], cfg, store_dir: str, sweep: str, info: dict[str, Any], accelerator: str) -> None:
+    from geocont.train import train
+
     if store.is_done(store_dir, sweep, spec["run_id"]):  # an earlier attempt finished, then its worker died
         tune.report({"run_status": store.run_status(store_dir, sweep, spec["run_id"])})
         return  # (an unfinished folder of a lost attempt is cleared by train() itself)
@@ -90,3 +106,29 @@ def record_failure(store_dir: Path, sweep: str, config: Any, name: str, error: s
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
     record = {"run_id": config.run_id(), "sweep": sweep, "status": "failed", "name": name, "error": error}
     store.write_run_info(folder, {**record, "started": stamp, "finished": stamp, **info})
+
+
+def _train_pack(spec: dict[str, Any], cfgs: list, store_dir: str, sweep: str, info: dict[str, Any], accelerator: str):
+    """The pack's members not yet done (a retry re-runs only those), trained together; raises if any failed."""
+    from geocont.pack import train_pack
+
+    todo = [(m, c) for m, c in zip(spec["members"], cfgs) if not store.is_done(store_dir, sweep, m["run_id"])]
+    done = {m["run_id"]: {"run_status": store.run_status(store_dir, sweep, m["run_id"])} for m in spec["members"]}
+    if todo:
+        names = [m["name"] for m, _ in todo]
+        try:
+            results = train_pack(
+                [c for _, c in todo], store_dir, sweep, run_names=names, infos=[info] * len(todo),
+                accelerator=accelerator,
+            )  # fmt: skip
+        except Exception as err:  # bad input met only here (a missing data folder): every member fails
+            error = f"{type(err).__name__}: {err}".splitlines()[0][:500]
+            for member, cfg in todo:
+                record_failure(Path(store_dir), sweep, cfg, member["name"], error, info)
+            raise TrialFailed(f"{spec['name']}: {error}") from None
+        for (member, _), result in zip(todo, results):
+            done[member["run_id"]] = {"node": info["node"], "run_status": result.status, **result.final}
+        failed = [f"{m['name']}: {r.error}" for (m, _), r in zip(todo, results) if r.status == "failed"]
+        if failed:
+            raise TrialFailed(f"{spec['name']}: {'; '.join(failed)}")
+    tune.report({"node": info["node"], "run_status": "packed", "members": done})

@@ -99,6 +99,8 @@ def _search_problems(sweep: SweepConfig) -> list[str]:
             f"seeds: a search runs each sampled config with one seed (got {len(sweep.seeds)}); "
             "rerun the best configs over seeds with a grid sweep"
         )
+    if sweep.resources.pack > 1:
+        problems.append(f"resources.pack: {sweep.resources.pack}, but a search samples one trial at a time; allowed: 1")
     problems += _metric_problems(search.metric)
     if not search.space:
         problems.append("search.space: empty; give at least one parameter, e.g. optim.lr: {type: float, ...}")
@@ -164,7 +166,8 @@ def resolved_problems(sweep: SweepConfig) -> list[str]:
     except ConfigError as err:
         return [_keys_allowed_under(line, "base", _default_paths(raw)) for line in err.problems]
     paths = _known_paths(base)
-    problems = _grid_problems(sweep, raw, paths)
+    problems = _pack_problems(sweep, base)
+    problems += _grid_problems(sweep, raw, paths)
     problems += _include_problems(sweep, raw, paths)
     if problems:
         return problems
@@ -174,6 +177,13 @@ def resolved_problems(sweep: SweepConfig) -> list[str]:
     if problems:
         return problems
     return _trial_problems(sweep)
+
+
+def _pack_problems(sweep: SweepConfig, base: RunConfig) -> list[str]:
+    kind = kinds.get(base.model.kind)
+    if sweep.resources.pack > 1 and kind.packed is None:
+        return [f"resources.pack: {sweep.resources.pack}, but model.kind '{kind.name}' has no packed model; allowed: 1"]
+    return []
 
 
 def _tracking_problems(sweep: SweepConfig) -> list[str]:
