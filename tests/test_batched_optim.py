@@ -123,6 +123,22 @@ def test_state_dict_round_trip_continues_the_same_trajectory():
     assert resumed.active.tolist() == [True, True, False, True]
 
 
+def test_a_parameter_whose_storage_is_replaced_is_still_updated():
+    """The optimizer keeps member views of the parameters between steps; `p.data = ...` must not strand them."""
+    packed, twin = packed_params(), packed_params()
+    opt, ref = batched_optimizer("adam", packed), batched_optimizer("adam", twin)
+    for step in range(4):
+        if step == 2:
+            for p in packed:
+                p.data = p.data.clone()  # new storage, same values
+        for p, q, g in zip(packed, twin, random_grads(step)):
+            p.grad, q.grad = g.clone(), g.clone()
+        opt.step()
+        ref.step()
+    for p, q in zip(packed, twin):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     ("name", "cls", "decoupled"),
     [("adam", BatchedAdam, False), ("adamw", BatchedAdam, True), ("sgd", BatchedSGD, None)],

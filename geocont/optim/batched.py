@@ -57,6 +57,13 @@ class BatchedOptimizer(torch.optim.Optimizer):
         group["active"] = torch.ones(K, dtype=torch.bool, device=device)
         super().__init__(params, group)
         self.K = K
+        # id(tensor) -> (tensor, its data_ptr, its K member views): the parameters' and state's views are
+        # made once, not every step (making 4 x K views of ~35 tensors cost more than the kernels' calls)
+        self._views: dict[int, tuple[Tensor, int, tuple[Tensor, ...]]] = {}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        self._views.clear()  # the state tensors are new ones
 
     @property
     def active(self) -> Tensor:
@@ -78,7 +85,7 @@ class BatchedOptimizer(torch.optim.Optimizer):
             group["step"] += group["active"]  # a frozen member's count stays
             state = self._state(params)
             self._update(
-                [_members(params), _members(grads), *(_members(s) for s in state)],
+                [self._members(params), _members(grads), *(self._members(s) for s in state)],
                 group["step"].unbind(0),  # member k's count, read by each of its kernel calls
                 {name: group[name].tolist() for name in self.hyper_names},  # Python floats, as torch.optim's
                 (~group["active"]).float().unbind(0),  # member k's found_inf: 1 skips its update
@@ -94,6 +101,16 @@ class BatchedOptimizer(torch.optim.Optimizer):
     def _update(self, tensors: list[list[list[Tensor]]], steps, hyper: dict[str, list[float]], found_inf) -> None:
         """One kernel call per member k on tensors[i][k] (params, grads, state...) with hyper[name][k]."""
         raise NotImplementedError
+
+    def _members(self, tensors: list[Tensor]) -> list[list[Tensor]]:
+        """_members of long-lived tensors (parameters, state), their views kept from step to step."""
+        views = []
+        for t in tensors:
+            cached = self._views.get(id(t))
+            if cached is None or cached[0] is not t or cached[1] != t.data_ptr():  # new, or `.data` replaced
+                cached = self._views[id(t)] = (t, t.data_ptr(), t.unbind(0))
+            views.append(cached[2])
+        return [list(ts) for ts in zip(*views)]
 
 
 def _members(tensors: list[Tensor]) -> list[list[Tensor]]:
