@@ -114,12 +114,8 @@ def test_state_dict_round_trip_continues_the_same_trajectory():
     resumed = batched_optimizer("adam", twin)
     resumed.load_state_dict(copy.deepcopy(opt.state_dict()))  # as torch.save + load: no aliasing
     for step in range(5, 10):
-        for p, q, g in zip(packed, twin, random_grads(step)):
-            p.grad, q.grad = g.clone(), g.clone()
-        opt.step()
-        resumed.step()
-    for p, q in zip(packed, twin):
-        torch.testing.assert_close(p, q, rtol=0, atol=0)
+        step_both((opt, packed), (resumed, twin), step=step)
+    assert_same(packed, twin)
     assert resumed.active.tolist() == [True, True, False, True]
 
 
@@ -131,11 +127,21 @@ def test_a_parameter_whose_storage_is_replaced_is_still_updated():
         if step == 2:
             for p in packed:
                 p.data = p.data.clone()  # new storage, same values
-        for p, q, g in zip(packed, twin, random_grads(step)):
-            p.grad, q.grad = g.clone(), g.clone()
+        step_both((opt, packed), (ref, twin), step=step)
+    assert_same(packed, twin)
+
+
+def step_both(*pairs, step: int) -> None:
+    """Give each (optimizer, params) pair step `step`'s gradients and step it."""
+    grads = random_grads(step)
+    for opt, params in pairs:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
         opt.step()
-        ref.step()
-    for p, q in zip(packed, twin):
+
+
+def assert_same(params, others) -> None:
+    for p, q in zip(params, others):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
