@@ -14,6 +14,11 @@ the work costs however busy the cores are) is reported beside wall time, and the
 `--parts` adds where a trial-step's time goes (data, forward, backward, optimizer; ms per trial-step,
 the best of the repeats), from separate runs of the same steps with a clock mark between the parts.
 
+Measured (2026-12, 2 shared cores, load ~2-3, synthetic, 5 repeats, CPU-time ratios packed/solo): K=1 0.89,
+K=3 1.17, K=8 1.23; ms per trial-step solo -> packed: forward 3.4 -> 3.2 / 2.9, backward 5.5 -> 5.1 / 4.6,
+optimizer 1.5 -> 1.3 / 1.1 (K=3 / K=8). K=1 pays the pack's fixed overhead (custom autograd function,
+per-member loss) with nothing to amortise it: a pack of one is best trained as a solo run.
+
     python benchmarks/bench_pack.py [--steps 40] [--repeats 3] [--ks 1 3 8] [--data synthetic|mnist|digits]
                                     [--parts]
 """
