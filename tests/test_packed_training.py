@@ -4,17 +4,20 @@ Each solo run is what geocont trains for that config, minus Lightning: its own d
 batch order (DigitsDataModule), its model built after seeding, build_optimizer's fused Adam, and a stop
 at the first non-finite loss before any update from it (GeoModule on a CPU).
 
-Tolerance: torch.testing's fp32 default (rtol 1.3e-6, atol 1e-5) on every step's loss and on the final
-weights. The packed forward is bitwise the solo one here; a few gradients differ by an ulp (the batched
-GEMM of the head's backward sums in another order) and the fused Adam kernel associates its products
-differently from ours, so the trajectories drift by ~1e-7 over 30 steps (measured: losses 5e-7, weights
-4e-8 at most). Not covered, on purpose: Adam with beta2 = 0 divides by |g| + eps, so an ulp of gradient
-noise on an entry with |g| near eps changes its update by O(1); those trajectories separate after a
-few steps whatever the implementation (tests/test_batched_optim.py checks beta2 = 0 on exact gradients).
+Tolerance: none. Member k's losses at every step and its final weights are its solo run's bit for bit:
+the packed forward runs the same GEMMs per member (one batched call), the loss is each member's own
+log_softmax + nll_loss on its solo layout (geocont.optim.step.member_losses), the backward writes each
+weight gradient as nn.Linear's does (dy^T x), and the optimizer is torch's fused kernel called on member
+k's slices with member k's hyperparameters. This holds for this CPU stack (torch 2.13, MKL); a BLAS whose
+batched GEMM summed in another order than its single GEMM would drift by ulps, and fp32 tolerance
+(torch.testing's default) would then be the contract. Not covered, on purpose: Adam with beta2 = 0
+divides by |g| + eps, so an ulp of gradient noise on an entry with |g| near eps changes its update by
+O(1) (tests/test_batched_optim.py checks beta2 = 0 on exact gradients).
 """
 
 from itertools import islice
 
+import pytest
 import torch
 
 from geocont.config import RunConfig
@@ -30,11 +33,13 @@ from geocont.pack import pack_key
 STEPS = 30  # more than the 24 batches of an epoch: each member's reshuffle at the epoch boundary is exercised
 
 
-def member(seed: int, lr: float, beta2: float, init_std: float | None) -> RunConfig:
+def member(
+    seed: int, lr: float, beta2: float, init_std: float | None, name: str = "adam", weight_decay: float = 0.0
+) -> RunConfig:
     return RunConfig.model_validate(
         {
             "model": {"depth": 4, "width": 32, "init_std": init_std},
-            "optim": {"lr": lr, "beta2": beta2},
+            "optim": {"name": name, "lr": lr, "beta2": beta2, "weight_decay": weight_decay},
             "train": {"seed": seed, "batch_size": 64},
         }
     )
@@ -83,10 +88,12 @@ def packed_run(cfgs: list[RunConfig]) -> tuple[torch.Tensor, PackedMLP, torch.op
 
 def assert_member_matches_solo(k: int, losses: torch.Tensor, model: PackedMLP, solo) -> None:
     solo_losses, solo_model = solo
-    torch.testing.assert_close(losses[: len(solo_losses), k], torch.tensor(solo_losses), msg=f"member {k} losses")
+    exact = {"rtol": 0, "atol": 0}
+    solo_losses = torch.tensor(solo_losses)
+    torch.testing.assert_close(losses[: len(solo_losses), k], solo_losses, **exact, msg=f"member {k} losses")
     weights = model.member_state_dict(k)
     for name, p in solo_model.state_dict().items():
-        torch.testing.assert_close(weights[name], p, msg=f"member {k} {name}")
+        torch.testing.assert_close(weights[name], p, **exact, msg=f"member {k} {name}")
 
 
 def test_every_member_follows_its_solo_run():
@@ -102,6 +109,20 @@ def test_every_member_follows_its_solo_run():
     for k, cfg in enumerate(cfgs):
         assert_member_matches_solo(k, losses, model, solo_run(cfg))
     assert losses[-1].mean() < losses[0].mean() - 0.5  # it learned: the comparison is not of idle weights
+
+
+@pytest.mark.parametrize("name", ["adamw", "sgd"])
+def test_every_member_follows_its_solo_run_with_weight_decay(name):
+    lr = 10.0 if name == "sgd" else 1.0  # SGD's steps are lr * g: a larger lr to move as far as Adam
+    cfgs = [
+        member(seed=0, lr=1e-3 * lr, beta2=0.999, init_std=None, name=name, weight_decay=0.1),
+        member(seed=1, lr=3e-3 * lr, beta2=0.9, init_std=0.05, name=name),
+        member(seed=2, lr=2e-3 * lr, beta2=0.99, init_std=None, name=name, weight_decay=0.01),
+    ]
+    losses, model, _ = packed_run(cfgs)
+    for k, cfg in enumerate(cfgs):
+        assert_member_matches_solo(k, losses, model, solo_run(cfg))
+    assert losses[-1].mean() < losses[0].mean() - 0.2
 
 
 def test_a_diverging_member_freezes_at_its_last_finite_weights_while_the_others_go_on():

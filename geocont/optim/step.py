@@ -12,7 +12,13 @@ from geocont.optim.batched import BatchedOptimizer
 def member_losses(model: nn.Module, x: Tensor, y: Tensor) -> Tensor:
     """Per-member mean cross-entropy (K,) of a packed classifier on x (K, B, ...) and labels y (K, B)."""
     logits = model(x)  # (K, B, C)
-    return F.cross_entropy(logits.transpose(1, 2), y, reduction="none").mean(1)  # (K,)
+    K, B, C = logits.shape
+    # cross_entropy is log_softmax then nll_loss: the log_softmax runs on (K * B, C) rows, each member's
+    # block laid out as its solo logits, and the mean over each member's batch is its solo nll_loss, so
+    # every member's loss and gradient are its solo run's bit for bit (one transposed (K, C, B)
+    # cross_entropy reduced the head's bias gradient, and the batch mean, in another order)
+    logp = F.log_softmax(logits.reshape(K * B, C), dim=1).view(K, B, C)
+    return torch.stack([F.nll_loss(lp, t) for lp, t in zip(logp.unbind(0), y.unbind(0))])
 
 
 def classifier_step(model: nn.Module, optimizer: BatchedOptimizer, x: Tensor, y: Tensor) -> Tensor:
