@@ -37,7 +37,7 @@ def test_a_packed_sweep_trains_each_variants_seeds_together_and_records_every_me
         assert len({infos[r]["worker_pid"] for r in pack}) == 1
     for t in trials:  # each member in the live view's lines under its own name
         assert f"{t.name}" in err
-    assert "6 trials" in out or "ran 6" in out, out
+    assert "6 trials (6 completed); ran 6, 0 already in the store" in out, out
 
 
 def test_sigkill_mid_pack_then_resume_finishes_every_member_exactly_once(tmp_path):
