@@ -12,6 +12,7 @@ from __future__ import annotations
 import socket
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -90,8 +91,12 @@ def train_pack(
     infos: list[dict[str, Any]] | None = None,
     progress: bool = False,
     accelerator: str | None = None,
+    on_metrics: Callable[[int, int, int, dict[str, float]], None] | None = None,
 ) -> list[RunResult]:
-    """Train `cfgs` together; one RunResult per member, in order. Bad input raises before any file exists."""
+    """Train `cfgs` together; one RunResult per member, in order. Bad input raises before any file exists.
+
+    `on_metrics(k, epoch, step, values)`: member k's latest values after each of its metrics events.
+    """
     from geocont.preflight import check_run
 
     problems = pack_problems(cfgs)
@@ -101,7 +106,7 @@ def train_pack(
     for cfg in cfgs:
         check_run(cfg, accelerator)
     names = run_names or [None] * len(cfgs)
-    session = _PackSession(cfgs, accelerator, progress)
+    session = _PackSession(cfgs, accelerator, progress, on_metrics)
     session.prepare(store.cache_dir(store_dir))
     trials = [
         _open(cfg, store_dir, sweep, name, info) for cfg, name, info in zip(cfgs, names, infos or [{}] * len(cfgs))
@@ -156,11 +161,12 @@ def _close(trial, k, session, status, error, started, duration, pack, sweep) -> 
 class _PackSession:
     """The Lightning objects of one pack, built and driven in order (train.py's _Session, for K members)."""
 
-    def __init__(self, cfgs: list[RunConfig], accelerator: str, progress: bool):
+    def __init__(self, cfgs: list[RunConfig], accelerator: str, progress: bool, on_metrics=None):
         import pytorch_lightning as pl
 
         _quiet_lightning()
         self.pl, self.cfgs, self.accelerator, self.progress = pl, cfgs, accelerator, progress
+        self.on_metrics = on_metrics
         self.steps = self.epochs = 0
         self.device, self.metrics_s = "cpu", 0.0
         self.spikes = [SpikeDetector() for _ in cfgs]
@@ -179,7 +185,9 @@ class _PackSession:
         self.trackers = [
             RunTrackers(RunContext(t.cfg, t.folder, t.run_id, sweep, t.name, shared_process=True)) for t in trials
         ]
-        self.members = [Member(tr.loggers, tr.store) for tr in self.trackers]
+        self.members = [
+            Member(tr.loggers, tr.store, on_metrics=self._progress(k)) for k, tr in enumerate(self.trackers)
+        ]
         monitor = None
         try:
             module, monitor = self._build()
@@ -199,6 +207,11 @@ class _PackSession:
             return [("failed", f"{type(err).__name__}: {err}".splitlines()[0][:500])] * len(trials)
         finally:
             self.metrics_s = getattr(monitor, "metrics_s", 0.0)
+
+    def _progress(self, k: int):
+        if self.on_metrics is None:
+            return None
+        return lambda epoch, step, values: self.on_metrics(k, epoch, step, values)
 
     @staticmethod
     def _status(member) -> tuple[str, str | None]:

@@ -48,6 +48,7 @@ class Member:
     diverged_at: int | None = None  # updates applied before its first non-finite loss
     diverged_epoch: int | None = None  # the (0-based) epoch it diverged in
     last_event_step: int = -1  # the step of its last geometry event
+    on_metrics: Callable[[int, int, dict[str, float]], None] | None = None  # (epoch from 1, step, latest values)
 
     @property
     def active(self) -> bool:
@@ -229,6 +230,8 @@ class PackedMonitor(pl.Callback):
         for k, member in todo:
             member.last_event_step = step
             member.log(values[k], step, trainer.current_epoch, flush=True)
+            if member.on_metrics is not None:  # progress (a sweep's live view), after the event is logged
+                member.on_metrics(trainer.current_epoch + 1, step, dict(member.store.latest))
 
     @torch.no_grad()
     def geometry(self, model: nn.Module) -> list[dict[str, float]]:

@@ -113,13 +113,23 @@ def _train_pack(spec: dict[str, Any], cfgs: list, store_dir: str, sweep: str, in
     from geocont.pack import train_pack
 
     todo = [(m, c) for m, c in zip(spec["members"], cfgs) if not store.is_done(store_dir, sweep, m["run_id"])]
-    done = {m["run_id"]: {"run_status": store.run_status(store_dir, sweep, m["run_id"])} for m in spec["members"]}
+    # each member's latest report, under its run_id (the live view shows members, not packs)
+    reports = {m["run_id"]: {"run_status": store.run_status(store_dir, sweep, m["run_id"])} for m in spec["members"]}
+    last_report = -math.inf
+
+    def on_metrics(k: int, epoch: int, step: int, values: dict[str, float]) -> None:
+        nonlocal last_report  # the live view only, as for a lone trial: at most a report a second
+        reports[todo[k][0]["run_id"]] = {"epoch": epoch, "step": step, "node": info["node"], **values}
+        if time.monotonic() - last_report >= REPORT_EVERY_S:
+            last_report = time.monotonic()
+            tune.report({"node": info["node"], "members": dict(reports)})
+
     if todo:
         names = [m["name"] for m, _ in todo]
         try:
             results = train_pack(
                 [c for _, c in todo], store_dir, sweep, run_names=names, infos=[info] * len(todo),
-                accelerator=accelerator,
+                accelerator=accelerator, on_metrics=on_metrics,
             )  # fmt: skip
         except Exception as err:  # bad input met only here (a missing data folder): every member fails
             error = f"{type(err).__name__}: {err}".splitlines()[0][:500]
@@ -127,8 +137,8 @@ def _train_pack(spec: dict[str, Any], cfgs: list, store_dir: str, sweep: str, in
                 record_failure(Path(store_dir), sweep, cfg, member["name"], error, info)
             raise TrialFailed(f"{spec['name']}: {error}") from None
         for (member, _), result in zip(todo, results):
-            done[member["run_id"]] = {"node": info["node"], "run_status": result.status, **result.final}
+            reports[member["run_id"]] = {"node": info["node"], "run_status": result.status, **result.final}
         failed = [f"{m['name']}: {r.error}" for (m, _), r in zip(todo, results) if r.status == "failed"]
         if failed:
             raise TrialFailed(f"{spec['name']}: {'; '.join(failed)}")
-    tune.report({"node": info["node"], "run_status": "packed", "members": done})
+    tune.report({"node": info["node"], "run_status": "packed", "members": reports})
