@@ -7,6 +7,9 @@ work dominates small models' step time. `TensorBatches` shuffles an index tensor
 On a GPU the tensors move to the device once when they fit (MNIST is 188 MB as float32): every batch
 is then gathered there, with no host-to-device copy per step. A data set too large for that stays on
 the host and each batch is gathered into pinned memory, so its copy to the device runs asynchronously.
+
+`Chunks` hands Lightning consecutive training batches as one (a `Chunk`), so that one call of the
+training step runs several optimizer steps (geocont.lit.module.GeoModule.training_step).
 """
 
 from __future__ import annotations
@@ -87,8 +90,8 @@ class Chunk(list):
 class Chunks:
     """The batches of `batches` in chunks of `size` consecutive ones: the same batches in the same order.
 
-    Lightning's loop costs a fixed time per call of the training step (its hooks, progress counters,
-    the fetcher): about a millisecond on CPU, a seventh of the paper MLP's step. Handing it chunks
+    Lightning's loop costs a fixed time per call of the training step (the fetcher, progress counters,
+    batch hooks, logger connector: about 290 Python calls, 0.2-0.3 ms on this CPU). Handing it chunks
     spreads that over `size` steps. An epoch's last chunk may be shorter.
     """
 
