@@ -1,30 +1,34 @@
 """geocont train (every metric, every epoch) vs a plain PyTorch loop doing the same training.
 
-Both run in this process on one thread: the paper MLP (16 x 256, ReLU, residual), Adam 1e-3, batch 64,
-a validation pass each epoch, on digits (24 steps an epoch, the offline default) or on MNIST (938
-steps an epoch, the paper's workload: `--data mnist --data-path ../shared/mnist`). The reference
-loop uses the same in-memory batches and the same optimizer kernels as geocont (fused Adam), so the
-ratio measures geocont's own cost. Printed, in wall-clock and in process CPU time (with one thread,
-CPU time is what the work costs even when other processes share the cores):
+Both run on one thread: the paper MLP (16 x 256, ReLU, residual), Adam 1e-3, batch 64, a validation
+pass each epoch, on digits (24 steps an epoch, the offline default) or on MNIST (938 steps an epoch,
+the paper's workload: `--data mnist --data-path ../shared/mnist`). The reference loop uses the same
+in-memory batches and the same optimizer kernels as geocont (fused Adam), so the ratio measures
+geocont's own cost. Runs alternate plain / geocont (`--repeats` pairs) so that a change in the
+machine's load hits both; every pair's ratio is printed, then the median. Times are wall-clock and
+process CPU time (with one thread, CPU time is what the work costs even when other processes share
+the cores).
 
-- the whole run's ratio, and the steady-state ratio of one epoch (median over epochs 2..N);
-- where geocont's extra time goes per step: the cumulative-gradient add (after each backward), the
-  epoch-end metrics, the loss reads and logging, and the rest (Lightning's loop, hooks, validation
-  bookkeeping);
-- with `--processes`: whole processes over the same epochs (a fresh `geocont train` against a fresh
-  plain-loop process that imports no Lightning), with start-up broken out (importing torch, importing
-  Lightning, `geocont train` before its first epoch).
+digits (in this process, 30 epochs): the whole run's ratio, the steady-state epoch's, the metrics'
+share of the run (the exact full spectrum every 24-step epoch is ~30 % by design, docs/contracts.md),
+and where geocont's extra time goes per step.
 
-Targets on MNIST: steady-state epoch <= 1.10x, whole processes over 3 epochs <= 1.15x. On digits the
-exact full-spectrum metrics every 24-step epoch are ~30 % of the run by design (docs/contracts.md).
+mnist (3 epochs): the two targets of the project,
+- steady-state epoch (median over epochs 2..N, in this process): target <= 1.10;
+- whole processes (a fresh `geocont train paper-mlp` against a fresh plain-loop process that imports
+  no Lightning): target <= 1.15, with start-up broken out (importing torch, importing Lightning, each
+  process before its first step, and the training part alone); `--no-processes` skips them.
+Per step: the cumulative-gradient add (after each backward), the epoch-end metrics, the loss reads and
+logging, and the rest (Lightning's loop, hooks, validation bookkeeping).
 
-    python benchmarks/bench_train.py [--data digits|mnist] [--data-path DIR] [--epochs N] [--processes]
+    python benchmarks/bench_train.py [--data digits|mnist] [--data-path DIR] [--epochs N] [--repeats R]
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
 import resource
 import statistics
@@ -155,7 +159,7 @@ def read_idx(path: Path) -> torch.Tensor:
     return torch.frombuffer(bytearray(raw[4 + 4 * ndim :]), dtype=torch.uint8).reshape(shape)
 
 
-def plain_process(data_path: str, epochs: int) -> None:
+def plain_process(data_path: str, epochs: int, out: str | None = None) -> None:
     """A user's own MNIST loop in a fresh process: torch only (no Lightning), same model, data and Adam."""
     from geocont.models.mlp import ResidualMLP  # plain torch modules; geocont.config is pydantic only
 
@@ -173,6 +177,7 @@ def plain_process(data_path: str, epochs: int) -> None:
     model = ResidualMLP(cfg.model, in_features=784, num_classes=10)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
     generator = torch.Generator().manual_seed(0)
+    t0 = time.perf_counter()
     for _ in range(epochs):
         order = torch.randperm(len(x_tr), generator=generator)
         for b in range(0, len(x_tr), 64):
@@ -185,62 +190,130 @@ def plain_process(data_path: str, epochs: int) -> None:
             batches = range(0, len(x_va), 512)
             correct = sum((model(x_va[i : i + 512]).argmax(-1) == y_va[i : i + 512]).sum().item() for i in batches)
     assert correct >= 0
+    if out:
+        Path(out).write_text(json.dumps({"train_s": time.perf_counter() - t0}))
 
 
-def processes(data_path: str, epochs: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    py = sys.executable
-    geocont = str(Path(py).with_name("geocont"))
-    imp_torch = child_cpu([py, "-c", "import torch"], env)
-    imp_pl = child_cpu([py, "-c", "import pytorch_lightning"], env)
+def geocont_process(data_path: str, epochs: int, env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall, cpu) of a fresh `geocont train paper-mlp` process and its training part (run.json duration_s)."""
+    geocont = str(Path(sys.executable).with_name("geocont"))
     with tempfile.TemporaryDirectory() as store:
         sets = ["data.name=mnist", f"data.path={data_path}", f"train.epochs={epochs}", "tracking.wandb.mode=disabled"]
         cmd = [geocont, "train", "paper-mlp", "--store", store, "--no-progress"]
         for s in sets:
             cmd += ["--set", s]
-        ours = child_cpu(cmd, env)
-    plain = child_cpu([py, __file__, "--plain-process", "--data-path", data_path, "--epochs", str(epochs)], env)
-    print(f"\nwhole processes, {epochs} MNIST epochs, one thread (OMP_NUM_THREADS=1), wall / cpu s")
+        wall, cpu = child_cpu(cmd, env)
+        (info,) = [json.loads(p.read_text()) for p in Path(store).glob("single/*/run.json")]
+    assert info["status"] == "completed", info
+    return wall, cpu, info["duration_s"]
+
+
+def plain_child(data_path: str, epochs: int, env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall, cpu) of a fresh plain-loop process and its training part (from its first step to its end)."""
+    out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
+    out.close()
+    try:
+        cmd = [sys.executable, __file__, "--plain-process", "--data-path", data_path, "--epochs", str(epochs)]
+        wall, cpu = child_cpu(cmd + ["--plain-out", out.name], env)
+        return wall, cpu, json.loads(Path(out.name).read_text())["train_s"]
+    finally:
+        os.unlink(out.name)
+
+
+def processes(data_path: str, epochs: int, repeats: int) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    py = sys.executable
+    imp_torch = child_cpu([py, "-c", "import torch"], env)
+    imp_pl = child_cpu([py, "-c", "import pytorch_lightning"], env)
+    pairs = []
+    for _ in range(repeats):  # alternated: a change in load hits both
+        plain = plain_child(data_path, epochs, env)
+        ours = geocont_process(data_path, epochs, env)
+        pairs.append((plain, ours))
+    print(f"\nwhole processes, {epochs} MNIST epochs, one thread (OMP_NUM_THREADS=1), wall / cpu s; "
+          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"  import torch                  {imp_torch[0]:6.2f} / {imp_torch[1]:6.2f}")
     print(f"  import pytorch_lightning      {imp_pl[0]:6.2f} / {imp_pl[1]:6.2f}   (torch included)")
-    print(f"  plain loop process            {plain[0]:6.2f} / {plain[1]:6.2f}")
-    print(f"  geocont train process         {ours[0]:6.2f} / {ours[1]:6.2f}   (tensorboard on, wandb disabled)")
-    print(f"  ratio                         {ours[0] / plain[0]:6.3f} / {ours[1] / plain[1]:6.3f}   (target <= 1.15)")
+    for i, (plain, ours) in enumerate(pairs, 1):
+        print(f"  pair {i}: plain process {plain[0]:6.2f} / {plain[1]:6.2f}, geocont train {ours[0]:6.2f} / "
+              f"{ours[1]:6.2f}: ratio {ours[0] / plain[0]:.3f} / {ours[1] / plain[1]:.3f}")  # fmt: skip
+        print(f"    before the first step: plain {plain[0] - plain[2]:5.2f} s, geocont {ours[0] - ours[2]:5.2f} s; "
+              f"training: plain {plain[2]:6.2f} s, geocont {ours[2]:6.2f} s ({ours[2] / plain[2]:.3f})")  # fmt: skip
+    wall = statistics.median(o[0] / p[0] for p, o in pairs)
+    cpu = statistics.median(o[1] / p[1] for p, o in pairs)
+    part = statistics.median(o[2] / p[2] for p, o in pairs)
+    print(f"  ratio (median of pairs)       {wall:6.3f} / {cpu:6.3f}   (target <= 1.15); training part {part:.3f}")
     extra = imp_pl[1] - imp_torch[1]
-    print(f"  of which Lightning's import   {extra:6.2f} s cpu = {extra / plain[1]:.1%} of the plain process")
+    plain_cpu = statistics.median(p[1] for p, _ in pairs)
+    print(f"  of which Lightning's import   {extra:6.2f} s cpu = {extra / plain_cpu:.1%} of the plain process")
+    print("  (geocont's part before the first step: its CLI, Lightning's import, data, preflight and fingerprint;"
+          " its training part, run.json duration_s, includes building the Trainer and the final metrics)")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def report(cfg, plain, plain_epochs, textbook, ours, ours_epochs, hooks) -> None:
-    p_wall, p_cpu = plain
-    g_wall, g_cpu = ours
-    n = cfg.train.epochs
-    dm = build_datamodule(cfg)
-    dm.setup()
-    steps = len(dm.train_dataloader())
-    print(f"{cfg.data.name}: {steps} steps an epoch, {n} epochs, one thread; load {os.getloadavg()[0]:.1f}")
-    print(f"plain loop, same kernels  wall {p_wall:7.2f} s  cpu {p_cpu:7.2f} s  ({p_cpu / n * 1000:.0f} ms cpu/epoch)")
-    if textbook is not None:
-        t_wall, t_cpu = textbook
-        per_epoch = t_cpu / n * 1000
-        print(f"plain loop, textbook Adam wall {t_wall:7.2f} s  cpu {t_cpu:7.2f} s  ({per_epoch:.0f} ms cpu/epoch)")
-    print(f"geocont train (metrics)   wall {g_wall:7.2f} s  cpu {g_cpu:7.2f} s  (tensorboard on)")
-    print(f"whole-run ratio           wall {g_wall / p_wall:7.3f}    cpu {g_cpu / p_cpu:7.3f}")
-    (pe_wall, pe_cpu), (ge_wall, ge_cpu) = steady(plain_epochs), steady(ours_epochs)
-    print(f"steady-state epoch        plain {pe_cpu * 1000:.0f} ms cpu, geocont {ge_cpu * 1000:.0f} ms cpu: "
-          f"ratio wall {ge_wall / pe_wall:.3f}  cpu {ge_cpu / pe_cpu:.3f}")  # fmt: skip
-    if textbook is not None:
-        print(f"ratio vs textbook Adam    wall {g_wall / t_wall:7.3f}    cpu {g_cpu / t_cpu:7.3f}")
-    total_steps = n * steps
-    print(f"per step (cpu, us): plain {p_cpu / total_steps * 1e6:.0f}; geocont's extra:")
+def per_step(hooks: dict, total_steps: int, g_cpu: float, extra_per_step: float) -> None:
+    """geocont's extra CPU time per step: the timed hooks, and the rest of `extra_per_step` (s)."""
     named = 0.0
     for name, (_, cpu) in hooks.items():
-        named += cpu
+        named += cpu / total_steps
         print(f"  {name:24s} {cpu / total_steps * 1e6:8.1f} us/step  ({cpu / g_cpu:6.1%} of the run)")
-    rest = g_cpu - p_cpu - named
-    print(f"  {'Lightning and the rest':24s} {rest / total_steps * 1e6:8.1f} us/step  ({rest / g_cpu:6.1%} of the run)")
+    rest = extra_per_step - named
+    print(f"  {'Lightning and the rest':24s} {rest * 1e6:8.1f} us/step  (steady-state epoch minus the above)")
+
+
+def digits(cfg, timers: Timers, repeats: int) -> None:
+    """Whole run and steady-state epoch, plain vs geocont alternated, and the metrics' share."""
+    n = cfg.train.epochs
+    steps = steps_per_epoch(cfg)
+    pairs = []
+    for _ in range(repeats):
+        plain_epochs, ours_epochs = [], []
+        plain = plain_loop(cfg, epoch_times=plain_epochs)
+        textbook = plain_loop(cfg, textbook_adam)
+        g_wall, g_cpu, hooks = geocont_run(cfg, timers, ours_epochs)
+        pairs.append((plain, textbook, (g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
+    print(f"digits: {steps} steps an epoch, {n} epochs, one thread; load {os.getloadavg()[0]:.1f}")
+    for i, (plain, textbook, ours, hooks, pe, ge) in enumerate(pairs, 1):
+        metrics = hooks["metrics"][1] / ours[1]
+        print(f"  pair {i}: plain {plain[1]:6.2f} s cpu, textbook Adam {textbook[1]:6.2f}, geocont {ours[1]:6.2f}: "
+              f"whole run {ours[1] / plain[1]:.3f}, steady epoch {steady(ge)[1] / steady(pe)[1]:.3f}, "
+              f"vs textbook {ours[1] / textbook[1]:.3f}; metrics {metrics:.1%} of the run")  # fmt: skip
+    plain, textbook, ours, hooks, pe, ge = min(pairs, key=lambda p: p[2][1])
+    print(f"whole-run cpu ratio (median of pairs) {statistics.median(p[2][1] / p[0][1] for p in pairs):.3f}; "
+          f"metrics' share {statistics.median(p[3]['metrics'][1] / p[2][1] for p in pairs):.1%}")  # fmt: skip
+    print(f"per step (cpu, us), the fastest geocont run: plain {steady(pe)[1] / steps * 1e6:.0f}; geocont's extra:")
+    per_step(hooks, n * steps, ours[1], (steady(ge)[1] - steady(pe)[1]) / steps)
+
+
+def mnist(cfg, timers: Timers, repeats: int) -> None:
+    """The steady-state epoch, plain vs geocont alternated in this process."""
+    n = cfg.train.epochs
+    steps = steps_per_epoch(cfg)
+    pairs = []
+    for _ in range(repeats):
+        plain_epochs, ours_epochs = [], []
+        plain = plain_loop(cfg, epoch_times=plain_epochs)
+        g_wall, g_cpu, hooks = geocont_run(cfg, timers, ours_epochs)
+        pairs.append((plain, (g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
+    print(f"mnist: {steps} steps an epoch, {n} epochs, one thread; load {os.getloadavg()[0]:.1f}")
+    for i, (plain, ours, hooks, pe, ge) in enumerate(pairs, 1):
+        (pw, pc), (gw, gc) = steady(pe), steady(ge)
+        print(f"  pair {i}: steady-state epoch plain {pc:6.2f} s cpu, geocont {gc:6.2f}: ratio wall {gw / pw:.3f} "
+              f"cpu {gc / pc:.3f}; whole run in-process cpu {ours[1] / plain[1]:.3f}")  # fmt: skip
+    wall = statistics.median(steady(p[4])[0] / steady(p[3])[0] for p in pairs)
+    cpu = statistics.median(steady(p[4])[1] / steady(p[3])[1] for p in pairs)
+    print(f"steady-state epoch ratio (median of pairs) wall {wall:.3f}  cpu {cpu:.3f}   (target <= 1.10)")
+    plain, ours, hooks, pe, ge = min(pairs, key=lambda p: steady(p[4])[1])
+    print(f"per step (cpu, us), the fastest geocont run: plain {steady(pe)[1] / steps * 1e6:.0f}; geocont's extra:")
+    per_step(hooks, n * steps, ours[1], (steady(ge)[1] - steady(pe)[1]) / steps)
+
+
+def steps_per_epoch(cfg) -> int:
+    dm = build_datamodule(cfg)
+    dm.setup()
+    return len(dm.train_dataloader())
 
 
 def main() -> None:
@@ -248,15 +321,20 @@ def main() -> None:
     parser.add_argument("--data", default="digits", choices=["digits", "mnist"])
     parser.add_argument("--data-path", default=str(ROOT.parent / "shared" / "mnist"))
     parser.add_argument("--epochs", type=int, default=None, help="default: 30 on digits, 3 on MNIST")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=2, help="plain / geocont pairs, alternated")
     parser.add_argument("--wandb", default="disabled", choices=["disabled", "offline"])
-    parser.add_argument("--processes", action="store_true", help="also time whole processes (MNIST)")
+    parser.add_argument("--no-processes", action="store_true", help="MNIST: skip the whole-process comparison")
+    parser.add_argument("--processes-only", action="store_true", help="MNIST: only the whole-process comparison")
     parser.add_argument("--plain-process", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--plain-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     epochs = args.epochs or (30 if args.data == "digits" else 3)
     torch.set_num_threads(1)
     if args.plain_process:
-        plain_process(args.data_path, epochs)
+        plain_process(args.data_path, epochs, args.plain_out)
+        return
+    if args.data == "mnist" and args.processes_only:
+        processes(args.data_path, epochs, args.repeats)
         return
     data = {"name": "mnist", "path": args.data_path} if args.data == "mnist" else {"name": "digits"}
     cfg = resolve(
@@ -269,19 +347,12 @@ def main() -> None:
     )
     timers = Timers()
     geocont_run(resolve({"preset": "smoke", "tracking": {"wandb": {"mode": "disabled"}}}), timers)  # warm imports
-    same, textbook, ours = [], [], []
-    for _ in range(args.repeats):
-        plain_epochs, ours_epochs = [], []
-        same.append(plain_loop(cfg, epoch_times=plain_epochs))
-        if args.data == "digits":  # MNIST epochs are long: the textbook comparison stays a digits number
-            textbook.append(plain_loop(cfg, textbook_adam))
-        g_wall, g_cpu, hooks = geocont_run(cfg, timers, ours_epochs)
-        ours.append(((g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
-    (g, hooks, plain_epochs, ours_epochs) = min(ours, key=lambda o: o[0][1])
-    best_textbook = min(textbook, key=lambda t: t[1]) if textbook else None
-    report(cfg, min(same, key=lambda t: t[1]), plain_epochs, best_textbook, g, ours_epochs, hooks)
-    if args.processes:
-        processes(args.data_path, epochs)
+    if args.data == "digits":
+        digits(cfg, timers, args.repeats)
+        return
+    mnist(cfg, timers, args.repeats)
+    if not args.no_processes:
+        processes(args.data_path, epochs, args.repeats)
 
 
 if __name__ == "__main__":

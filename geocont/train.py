@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # Lightning is imported only when a run starts
     from geocont.lit.progress import MetricsHook
 
 LOG_EVERY_N_STEPS = 10  # train/loss to the loggers every 10 batches
+STEPS_PER_CALL = 32  # optimizer steps per training_step call at most (data.batches.Chunks)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,8 @@ def _quiet_lightning() -> None:
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*`training_step` returned `None`.*")  # our skip of a NaN step
     warnings.filterwarnings("ignore", message=".*is an invalid version and will not be supported.*")
+    # Lightning counts a chunk of steps (data.batches.Chunks) as one batch; train/loss is logged by step, not by it
+    warnings.filterwarnings("ignore", message=".*is smaller than the logging interval.*")
 
 
 def train(
@@ -144,8 +147,9 @@ class _Session:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
             datamodule = self.datamodule
             module, monitor = self._build()
-            trainer = self._trainer(self._callbacks(monitor))
-            trainer.fit(module, datamodule=datamodule)
+            training_data, chunk = self._training_data()
+            trainer = self._trainer(self._callbacks(monitor), chunk)
+            trainer.fit(module, datamodule=training_data)
             self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
             if module.diverged:
@@ -190,9 +194,18 @@ class _Session:
         # the monitor first: the progress hook then reports this event's geometry values
         return [monitor] + ([ProgressHook(self.on_metrics, self.trackers.store)] if self.on_metrics else [])
 
-    def _trainer(self, callbacks: list):
+    def _training_data(self):
+        """The data module for fit, its training batches in chunks of several steps (Chunks), and the chunk size."""
+        from geocont.data.batches import ChunkedData, chunk_size
+
         cfg = self.cfg.train
-        every = cfg.metrics_every_n_steps
+        steps = len(self.datamodule.train_dataloader())
+        size = chunk_size(STEPS_PER_CALL, steps, cfg.metrics_every_n_steps, cfg.max_steps)
+        return (ChunkedData(self.datamodule, size) if size > 1 else self.datamodule), size
+
+    def _trainer(self, callbacks: list, chunk: int = 1):
+        cfg = self.cfg.train
+        every = cfg.metrics_every_n_steps and cfg.metrics_every_n_steps // chunk  # Lightning counts chunks
         return self.pl.Trainer(
             max_epochs=cfg.epochs if cfg.max_steps is None else -1,
             max_steps=cfg.max_steps or -1,

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geocont.config import OptimConfig
+from geocont.data.batches import Chunk
 from geocont.lit.loggers import log_to_loggers
 
 
@@ -87,6 +88,25 @@ class GeoModule(pl.LightningModule):
             self.found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
 
     def training_step(self, batch, batch_idx: int) -> Tensor | None:
+        if not isinstance(batch, Chunk):
+            return self._step(batch, batch_idx)
+        # A chunk of consecutive batches (data.batches.Chunks): one optimizer step each, as if Lightning had
+        # handed them over one by one. Lightning counts the chunk as one batch; `_batches_that_stepped` (the
+        # step its own logging, val/loss, uses) is brought to where it would be after each earlier batch.
+        if batch_idx == 0:
+            self._epoch_batch = 0  # batches of this epoch so far: the step's batch_idx without chunks
+        loop, out = self.trainer.fit_loop.epoch_loop, None
+        for i, one in enumerate(batch):
+            if i:
+                loop._batches_that_stepped += 1
+            out = self._step(one, self._epoch_batch)
+            self._epoch_batch += 1
+            if self.trainer.should_stop or 0 <= self.trainer.max_steps <= self.trainer.global_step:
+                break  # where Lightning's loop would have stopped after this batch
+        return out
+
+    def _step(self, batch, batch_idx: int) -> Tensor | None:
+        """One optimizer step on one batch; `batch_idx` counts the epoch's batches."""
         loss, _ = self.loss(batch)
         step = self.trainer.global_step
         if not self.defer_checks and not torch.isfinite(loss):
@@ -154,8 +174,10 @@ class GeoModule(pl.LightningModule):
         return loss
 
     def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int) -> tuple[Tensor, ...]:
-        # Batches are always (x, y) tensors: skip Lightning's generic walk over arbitrary collections.
-        # Batches the data module already gathered on the device pass through untouched.
+        # Batches are always (x, y) tensors, or a Chunk of them: skip Lightning's generic walk over arbitrary
+        # collections. Batches the data module already gathered on the device pass through untouched.
+        if isinstance(batch, Chunk):
+            return Chunk(tuple(t.to(device, non_blocking=True) for t in one) for one in batch)
         return tuple(t.to(device, non_blocking=True) for t in batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
