@@ -196,3 +196,18 @@ def test_cli_bad_sweep_exits_2_and_writes_nothing(tmp_path):
         "'radial'"
     ]
     assert not store.exists()
+
+
+def test_every_problem_of_the_grid_include_and_exclude_is_reported_at_once(tmp_path):
+    # once, a bad grid value hid the bad include and exclude behind it: fix one, see the next
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        BASE + "grid: {model.activation: [relu, swish]}\ninclude: [{model.norm: batchnorm}]\n"
+        "exclude: [{model.norm: none}]\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_sweep(path)
+    text = "\n".join(err.value.problems)
+    assert "grid.model.activation: got 'swish'" in text
+    assert "include.0.model.norm: got 'batchnorm'" in text
+    assert "exclude.0.model.norm: not a grid axis" in text

@@ -166,17 +166,15 @@ def resolved_problems(sweep: SweepConfig) -> list[str]:
     except ConfigError as err:
         return [_keys_allowed_under(line, "base", _default_paths(raw)) for line in err.problems]
     paths = _known_paths(base)
+    # Every check that needs only the resolved base, at once (fix one, see the next is what users hate);
+    # the trials themselves are built only from values that passed.
     problems = _pack_problems(sweep, base)
     problems += _grid_problems(sweep, raw, paths)
     problems += _include_problems(sweep, raw, paths)
-    if problems:
-        return problems
-    problems = _exclude_problems(sweep, raw)
+    problems += _exclude_problems(sweep, raw)
     if sweep.search is not None:
         problems += _space_problems(sweep.search.space, raw, base, paths)
-    if problems:
-        return problems
-    return _trial_problems(sweep)
+    return problems or _trial_problems(sweep)
 
 
 def _pack_problems(sweep: SweepConfig, base: RunConfig) -> list[str]:
