@@ -103,3 +103,12 @@ def test_a_sweep_of_the_toy_kind_runs_on_ray_then_tabulates_and_reports(mixer, t
     dashboard = sections(DashboardSpec("mixer", "mixer", ("model.activation",)).kind)
     assert [s.title for s in dashboard] == ["Continuity per role", "Accuracy and loss"]
     assert DashboardSpec("mixer", "mixer", ()).x_axis == "epoch"
+
+
+def test_every_name_the_report_and_live_view_ask_for_is_in_the_catalogue():
+    from geocont.report import build
+    from geocont.sweep import live
+
+    asked = [*build.MLP_CONTINUITY, *build.TRAINING, *build.INIT_SCALE, *live.METRICS, live.SPIKE]
+    assert [name for name in asked if catalog.find(name) is None] == []
+    assert set(build.FIGURES) >= {f for kind in kinds.registered() for f in kind.report}
