@@ -2,16 +2,95 @@
 
 A finished result already in the store is never lost: a re-run trains aside in `.attempts/` and is
 swapped in only when it finishes too (docs/store-safety.md). train() and a packed run's members
-(geocont.pack) go through the same three steps: check_same_data, attempt_folder, settle.
+(geocont.pack) go through the same steps: `plan` (checks only, before any file), `open_attempt`
+(the folder and its config.yaml), then `finish` (run.json, the trackers closed, the swap).
 """
 
 from __future__ import annotations
 
 import shutil
+import socket
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from geocont import store
 from geocont.config import ConfigError, RunConfig
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One attempt at a run: which run, where its finished result lives, the data it trains on."""
+
+    cfg: RunConfig
+    run_id: str
+    final_dir: Path
+    digest: str | None  # the data files' fingerprint (None: data that ships with a package)
+
+
+def plan(cfg: RunConfig, store_dir: str | Path, sweep: str, digest: str | None) -> Attempt:
+    """The attempt at `cfg` in the store, refused (ConfigError) if its data changed under a finished result."""
+    run_id = cfg.run_id()
+    final_dir = store.run_dir(store_dir, sweep, run_id)
+    check_same_data(cfg, final_dir, digest)
+    return Attempt(cfg, run_id, final_dir, digest)
+
+
+def open_attempt(attempt: Attempt, store_dir: str | Path, sweep: str) -> Path:
+    """The folder the attempt writes in, with its config.yaml (and the data fingerprint) already there."""
+    folder = attempt_folder(store_dir, sweep, attempt.run_id, attempt.final_dir)
+    digest = {"data_fingerprint": attempt.digest} if attempt.digest else {}
+    store.write_config(folder, {**attempt.cfg.to_dict(), **digest})
+    return folder
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def record(
+    attempt: Attempt,
+    sweep: str,
+    status: str,
+    error: str | None,
+    *,
+    name: str | None,
+    started: str,
+    duration_s: float,
+    steps: int,
+    epochs: int,
+    device: str,
+    spikes: list,
+    metrics_s: float,
+    extra: dict[str, Any],
+) -> dict[str, Any]:
+    """run.json of a finished attempt, keys in docs/contracts.md's order; `extra` (pack, a sweep's node info) last."""
+    return {
+        "run_id": attempt.run_id,
+        "sweep": sweep,
+        "status": status,
+        "name": name,
+        "started": started,
+        "finished": now(),
+        "duration_s": round(duration_s, 3),
+        "steps": steps,
+        "epochs": epochs,
+        "error": error,
+        "node": socket.gethostname(),
+        "device": device,
+        "spikes": spikes,
+        "metrics_s": round(metrics_s, 3),
+        **extra,
+    }
+
+
+def finish(attempt: Attempt, folder: Path, record: dict[str, Any], trackers: Any) -> Path:
+    """Write the attempt's metrics and run.json, close its trackers, then move it into place; returns where it is."""
+    trackers.store.publish()
+    store.write_run_info(folder, record)  # the record is final before any tracker is closed
+    trackers.close()
+    return settle(folder, attempt.final_dir, record["status"])  # after the trackers: their files move with it
 
 
 def check_same_data(cfg: RunConfig, folder: Path, digest: str | None) -> None:

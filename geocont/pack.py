@@ -9,11 +9,9 @@ in what `pack_key` leaves free (seed, init_std, optimizer hyperparameters).
 
 from __future__ import annotations
 
-import socket
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from geocont import attempts, kinds, store
 from geocont.config import ConfigError, RunConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
-from geocont.train import LOG_EVERY_N_STEPS, RunResult, _now, _quiet_lightning
+from geocont.train import LOG_EVERY_N_STEPS, RunResult, quiet_lightning, trainer_settings
 
 # Config fields that may differ inside a pack (dotted paths); everything else is the pack key.
 FREE_FIELDS = frozenset(
@@ -69,19 +67,6 @@ def pack_problems(cfgs: list[RunConfig]) -> list[str]:
     return []
 
 
-@dataclass
-class _Trial:
-    """One member's files and bookkeeping while its pack trains."""
-
-    cfg: RunConfig
-    run_id: str
-    final_dir: Path
-    folder: Path
-    digest: str | None
-    name: str | None
-    info: dict[str, Any]
-
-
 def train_pack(
     cfgs: list[RunConfig],
     store_dir: str | Path = store.DEFAULT_STORE,
@@ -105,57 +90,30 @@ def train_pack(
     accelerator = accelerator or cfgs[0].train.accelerator
     for cfg in cfgs:
         check_run(cfg, accelerator)
-    names = run_names or [None] * len(cfgs)
+    digest = fingerprint(cfgs[0].data)  # one data section for the whole pack (it is in pack_key)
+    plans = [attempts.plan(cfg, store_dir, sweep, digest) for cfg in cfgs]  # every member checked before any file
     session = _PackSession(cfgs, accelerator, progress, on_metrics)
-    session.prepare(store.cache_dir(store_dir))
-    trials = [
-        _open(cfg, store_dir, sweep, name, info) for cfg, name, info in zip(cfgs, names, infos or [{}] * len(cfgs))
-    ]
-    started, t0 = _now(), time.perf_counter()
-    statuses = session.run(trials, sweep)
+    session.prepare(store.cache_dir(store_dir))  # bad data raises here, before any member's file exists
+    folders = [attempts.open_attempt(plan, store_dir, sweep) for plan in plans]
+    names, infos = run_names or [None] * len(cfgs), infos or [{}] * len(cfgs)
+    started, t0 = attempts.now(), time.perf_counter()
+    statuses = session.run(plans, folders, names, sweep)
     duration = time.perf_counter() - t0
-    pack = [t.run_id for t in trials]
-    return [
-        _close(trial, k, session, status, error, started, duration, pack, sweep)
-        for k, (trial, (status, error)) in enumerate(zip(trials, statuses))
-    ]
-
-
-def _open(cfg: RunConfig, store_dir, sweep: str, name: str | None, info: dict[str, Any]) -> _Trial:
-    run_id = cfg.run_id()
-    final_dir = store.run_dir(store_dir, sweep, run_id)
-    digest = fingerprint(cfg.data)
-    attempts.check_same_data(cfg, final_dir, digest)
-    folder = attempts.attempt_folder(store_dir, sweep, run_id, final_dir)
-    store.write_config(folder, {**cfg.to_dict(), **({"data_fingerprint": digest} if digest else {})})
-    return _Trial(cfg, run_id, final_dir, folder, digest, name, info)
-
-
-def _close(trial, k, session, status, error, started, duration, pack, sweep) -> RunResult:
-    member, trackers = session.members[k], session.trackers[k]
-    record = {
-        "run_id": trial.run_id,
-        "sweep": sweep,
-        "status": status,
-        "name": trial.name,
-        "started": started,
-        "finished": _now(),
-        "duration_s": round(duration, 3),
-        "steps": member.diverged_at if member.diverged_at is not None else session.steps,
-        "epochs": member.diverged_epoch + 1 if member.diverged_epoch is not None else session.epochs,
-        "error": error,
-        "node": socket.gethostname(),
-        "device": session.device,
-        "spikes": session.spikes[k].spikes,
-        "metrics_s": round(session.metrics_s / len(pack), 3),  # the pack's metric time, shared equally
-        "pack": pack,
-        **trial.info,
-    }
-    trackers.store.publish()
-    store.write_run_info(trial.folder, record)
-    trackers.close()
-    folder = attempts.settle(trial.folder, trial.final_dir, status)
-    return RunResult(trial.run_id, sweep, status, trackers.store.final_values(), error, folder)
+    pack = [plan.run_id for plan in plans]
+    results = []
+    for k, (plan, folder, (status, error)) in enumerate(zip(plans, folders, statuses)):
+        member = session.members[k]
+        record = attempts.record(
+            plan, sweep, status, error, name=names[k], started=started, duration_s=duration,
+            steps=member.diverged_at if member.diverged_at is not None else session.steps,
+            epochs=member.diverged_epoch + 1 if member.diverged_epoch is not None else session.epochs,
+            device=session.device, spikes=session.spikes[k].spikes,
+            metrics_s=session.metrics_s / len(pack),  # the pack's metric time, shared equally
+            extra={"pack": pack, **infos[k]},
+        )  # fmt: skip
+        folder = attempts.finish(plan, folder, record, session.trackers[k])
+        results.append(RunResult(plan.run_id, sweep, status, session.trackers[k].store.final_values(), error, folder))
+    return results
 
 
 class _PackSession:
@@ -164,7 +122,7 @@ class _PackSession:
     def __init__(self, cfgs: list[RunConfig], accelerator: str, progress: bool, on_metrics=None):
         import pytorch_lightning as pl
 
-        _quiet_lightning()
+        quiet_lightning()
         self.pl, self.cfgs, self.accelerator, self.progress = pl, cfgs, accelerator, progress
         self.on_metrics = on_metrics
         self.steps = self.epochs = 0
@@ -178,12 +136,15 @@ class _PackSession:
         for dm in self.datamodules:
             dm.setup("fit")
 
-    def run(self, trials: list[_Trial], sweep: str) -> list[tuple[str, str | None]]:
+    def run(
+        self, plans: list, folders: list[Path], names: list[str | None], sweep: str
+    ) -> list[tuple[str, str | None]]:
         from geocont.lit.packed import Member, PackedData
         from geocont.lit.trackers import RunContext, RunTrackers
 
         self.trackers = [
-            RunTrackers(RunContext(t.cfg, t.folder, t.run_id, sweep, t.name, shared_process=True)) for t in trials
+            RunTrackers(RunContext(p.cfg, folder, p.run_id, sweep, name, shared_process=True))
+            for p, folder, name in zip(plans, folders, names)
         ]
         self.members = [
             Member(tr.loggers, tr.store, on_metrics=self._progress(k)) for k, tr in enumerate(self.trackers)
@@ -197,14 +158,14 @@ class _PackSession:
             self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
             if trainer.interrupted:
-                return [("failed", "interrupted")] * len(trials)
+                return [("failed", "interrupted")] * len(plans)
             if any(m.active and m.last_event_step != trainer.global_step for m in self.members):
                 trainer.validate(module, datamodule=data, verbose=False)  # final values, whatever stopped it
             return [self._status(m) for m in self.members]
         except Exception as err:  # recorded for every member, never raised: the sweep goes on
-            for t in trials:
-                (t.folder / "error.txt").write_text(traceback.format_exc())
-            return [("failed", f"{type(err).__name__}: {err}".splitlines()[0][:500])] * len(trials)
+            for folder in folders:
+                (folder / "error.txt").write_text(traceback.format_exc())
+            return [("failed", f"{type(err).__name__}: {err}".splitlines()[0][:500])] * len(plans)
         finally:
             self.metrics_s = getattr(monitor, "metrics_s", 0.0)
 
@@ -235,22 +196,10 @@ class _PackSession:
         return module, PackedMonitor()
 
     def _trainer(self, monitor):
-        cfg = self.cfgs[0].train
-        every = cfg.metrics_every_n_steps
         return self.pl.Trainer(
-            max_epochs=cfg.epochs if cfg.max_steps is None else -1,
-            max_steps=cfg.max_steps or -1,
-            accelerator=self.accelerator,
-            devices=1,
-            precision=cfg.precision,
+            **trainer_settings(self.cfgs[0].train, self.accelerator, self.progress),
             logger=False,  # each member logs to its own loggers (lit/packed.Member)
             callbacks=[monitor],
-            val_check_interval=every,
-            check_val_every_n_epoch=None if every else 1,
-            num_sanity_val_steps=0,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=self.progress,
         )
 
 

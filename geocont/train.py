@@ -7,17 +7,15 @@ A run never raises for its own failure: an exception is recorded as `failed`, a 
 from __future__ import annotations
 
 import logging
-import socket
 import time
 import traceback
 import warnings
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from geocont import attempts, kinds, store
-from geocont.config import RunConfig
+from geocont.config import RunConfig, TrainConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
 
@@ -38,11 +36,7 @@ class RunResult:
     run_dir: Path = Path(".")
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _quiet_lightning() -> None:
+def quiet_lightning() -> None:
     # The Lightning import resets its loggers, so this runs after it (docs/stack.md).
     for name in ("pytorch_lightning", "lightning", "lightning.pytorch", "lightning_fabric"):
         logging.getLogger(name).setLevel(logging.WARNING)
@@ -80,39 +74,19 @@ def train(
 
     accelerator = accelerator or cfg.train.accelerator
     check_run(cfg, accelerator)
-    run_id = cfg.run_id()
-    final_dir = store.run_dir(store_dir, sweep, run_id)
-    digest = fingerprint(cfg.data)
-    attempts.check_same_data(cfg, final_dir, digest)
+    attempt = attempts.plan(cfg, store_dir, sweep, fingerprint(cfg.data))
     session = _Session(cfg, on_metrics, run_name, sweep, progress, accelerator)
     session.prepare(store.cache_dir(store_dir))  # bad data input raises ConfigError here, before any file exists
-    folder = attempts.attempt_folder(store_dir, sweep, run_id, final_dir)
-    store.write_config(folder, {**cfg.to_dict(), **({"data_fingerprint": digest} if digest else {})})
-    started, t0 = _now(), time.perf_counter()
-    status, error = session.run(folder, run_id)
-
-    record = {
-        "run_id": run_id,
-        "sweep": sweep,
-        "status": status,
-        "name": run_name,
-        "started": started,
-        "finished": _now(),
-        "duration_s": round(time.perf_counter() - t0, 3),
-        "steps": session.steps,
-        "epochs": session.epochs,
-        "error": error,
-        "node": socket.gethostname(),
-        "device": session.device,
-        "spikes": session.spikes.spikes,
-        "metrics_s": round(session.metrics_s, 3),
-        **(info or {}),
-    }
-    session.trackers.store.publish()
-    store.write_run_info(folder, record)  # the record is final before any tracker is closed
-    session.trackers.close()
-    folder = attempts.settle(folder, final_dir, status)  # after the trackers: their files move with the attempt
-    return RunResult(run_id, sweep, status, session.trackers.store.final_values(), error, folder)
+    folder = attempts.open_attempt(attempt, store_dir, sweep)
+    started, t0 = attempts.now(), time.perf_counter()
+    status, error = session.run(folder, attempt.run_id)
+    record = attempts.record(
+        attempt, sweep, status, error, name=run_name, started=started, duration_s=time.perf_counter() - t0,
+        steps=session.steps, epochs=session.epochs, device=session.device, spikes=session.spikes.spikes,
+        metrics_s=session.metrics_s, extra=info or {},
+    )  # fmt: skip
+    folder = attempts.finish(attempt, folder, record, session.trackers)
+    return RunResult(attempt.run_id, sweep, status, session.trackers.store.final_values(), error, folder)
 
 
 class _Session:
@@ -121,7 +95,7 @@ class _Session:
     def __init__(self, cfg, on_metrics, run_name, sweep, progress, accelerator):
         import pytorch_lightning as pl
 
-        _quiet_lightning()
+        quiet_lightning()
         self.pl = pl
         self.cfg = cfg
         self.on_metrics, self.run_name, self.sweep, self.progress = on_metrics, run_name, sweep, progress
@@ -204,22 +178,28 @@ class _Session:
         return (ChunkedData(self.datamodule, size) if size > 1 else self.datamodule), size
 
     def _trainer(self, callbacks: list, chunk: int = 1):
-        cfg = self.cfg.train
-        every = cfg.metrics_every_n_steps and cfg.metrics_every_n_steps // chunk  # Lightning counts chunks
         return self.pl.Trainer(
-            max_epochs=cfg.epochs if cfg.max_steps is None else -1,
-            max_steps=cfg.max_steps or -1,
-            accelerator=self.accelerator,
-            devices=1,
-            precision=cfg.precision,
+            **trainer_settings(self.cfg.train, self.accelerator, self.progress, chunk),
             logger=self.trackers.loggers,
             callbacks=callbacks,
-            val_check_interval=every,
-            check_val_every_n_epoch=None if every else 1,
             log_every_n_steps=LOG_EVERY_N_STEPS,
-            num_sanity_val_steps=0,
-            enable_checkpointing=False,
-            enable_model_summary=False,
-            enable_progress_bar=self.progress,
             default_root_dir=str(self.folder),
         )
+
+
+def trainer_settings(cfg: TrainConfig, accelerator: str, progress: bool, chunk: int = 1) -> dict[str, Any]:
+    """The Trainer arguments every run shares (a lone run and a pack): step budget, device, validation schedule."""
+    every = cfg.metrics_every_n_steps and cfg.metrics_every_n_steps // chunk  # Lightning counts chunks
+    return {
+        "max_epochs": cfg.epochs if cfg.max_steps is None else -1,
+        "max_steps": cfg.max_steps or -1,
+        "accelerator": accelerator,
+        "devices": 1,
+        "precision": cfg.precision,
+        "val_check_interval": every,
+        "check_val_every_n_epoch": None if every else 1,
+        "num_sanity_val_steps": 0,
+        "enable_checkpointing": False,
+        "enable_model_summary": False,
+        "enable_progress_bar": progress,
+    }

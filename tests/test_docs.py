@@ -202,19 +202,20 @@ def test_contracts_document_presets_and_metrics():
     assert [n for n in names if n not in text] == []
 
 
-def _dict_keys(source: Path, function: str, variable: str) -> list[str]:
-    """The constant keys of the dict literal assigned to `variable` inside `function`."""
+def _dict_keys(source: Path, function: str, variable: str | None) -> list[str]:
+    """The constant keys of the dict literal assigned to `variable` inside `function` (None: the one it returns)."""
     tree = ast.parse(source.read_text())
     for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function):
         for node in ast.walk(fn):
-            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == variable for t in node.targets):
-                if isinstance(node.value, ast.Dict):
-                    return [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
-    raise AssertionError(f"{source.name}: no dict literal {variable} in {function}()")
+            named = isinstance(node, ast.Assign) and any(getattr(t, "id", None) == variable for t in node.targets)
+            returned = variable is None and isinstance(node, ast.Return)
+            if (named or returned) and isinstance(node.value, ast.Dict):
+                return [k.value for k in node.value.keys if isinstance(k, ast.Constant)]
+    raise AssertionError(f"{source.name}: no dict literal {variable or 'returned'} in {function}()")
 
 
 def test_contracts_document_every_run_json_key():
-    keys = _dict_keys(ROOT / "geocont" / "train.py", "train", "record")
+    keys = _dict_keys(ROOT / "geocont" / "attempts.py", "record", None)  # train()'s and every pack member's
     keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "trainable", "info")
     keys += _dict_keys(ROOT / "geocont" / "sweep" / "trainable.py", "record_failure", "record")
     table = CONTRACTS.read_text().split("## run.json", 1)[1].split("\n## ", 1)[0]

@@ -94,3 +94,24 @@ def test_configs_that_cannot_share_a_pack_are_refused_before_any_file(cfgs, mess
     with pytest.raises(ConfigError, match=message):
         train_pack(cfgs, tmp_path, "pack", progress=False)
     assert not tmp_path.joinpath("pack").exists()
+
+
+def test_data_changed_under_one_finished_member_refuses_the_pack_before_any_members_file(tmp_path):
+    # once, the members were checked one by one as their folders were made: the first one's folder and
+    # config.yaml were written before the second's changed data refused the pack
+    from test_bad_input import write_mnist
+
+    data = write_mnist(tmp_path / "mnist")
+
+    def on_mnist(seed: int):
+        return resolve({**member(seed).to_dict(), "data": {"name": "mnist", "path": str(data)}})
+
+    store_dir = tmp_path / "store"
+    finished = train(on_mnist(1), store_dir, "pack", progress=False)
+    assert finished.status == "completed"
+    for f in data.iterdir():
+        f.unlink()
+    write_mnist(data, n_train=48)  # other files under the same path: the same run_ids
+    with pytest.raises(ConfigError, match="changed since run"):
+        train_pack([on_mnist(0), on_mnist(1)], store_dir, "pack", progress=False)
+    assert sorted(p.name for p in (store_dir / "pack").iterdir()) == [finished.run_id]
