@@ -4,15 +4,18 @@ with every member done exactly once."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
-
 import pytest
-from test_sweep_ray import TINY, assert_no_ray_left, finish, geocont, run_infos, write_sweep
+from test_sweep_ray import (
+    TINY,
+    assert_each_trial_completed_once,
+    assert_no_ray_left,
+    finish,
+    geocont,
+    kill_once_a_run_is_done,
+    run_infos,
+    write_sweep,
+)
 
-from geocont import store
 from geocont.sweep.grid import expand
 from geocont.sweep.load import load_sweep
 from geocont.sweep.packs import group
@@ -52,22 +55,9 @@ def test_sigkill_mid_pack_then_resume_finishes_every_member_exactly_once(tmp_pat
     store_dir, sweep = tmp_path / "store", "killed"
     trials = expand(load_sweep(path))
     proc = geocont("launch", str(path), "--store", str(store_dir), "--max-concurrent", "1")
-    deadline = time.monotonic() + 600
-    while not store.list_run_infos(store_dir, sweep) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = {p.parent.name: p.read_text() for p in (store_dir / sweep).glob("*/run.json")}
-    assert 1 <= len(before) < len(trials), "the kill must land mid-sweep"
+    before = kill_once_a_run_is_done(proc, store_dir, sweep, len(trials))
 
     code, out, err = finish(geocont("resume", sweep, "--store", str(store_dir)))
     assert code == 0, out + err
-    folders = {p.name for p in (store_dir / sweep).iterdir() if p.is_dir()}
-    assert folders == {t.run_id for t in trials}  # none lost, none extra
-    for t in trials:
-        files = {p.name for p in store.run_dir(store_dir, sweep, t.run_id).iterdir()}
-        assert files == {"config.yaml", "metrics.parquet", "run.json"}  # nothing partial
-        assert json.loads((store.run_dir(store_dir, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
-    for run_id, text in before.items():  # members finished before the kill were not run again
-        assert (store_dir / sweep / run_id / "run.json").read_text() == text
+    assert_each_trial_completed_once(store_dir, sweep, trials, before)
     assert_no_ray_left(proc.pid)

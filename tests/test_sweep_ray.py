@@ -88,6 +88,30 @@ def wandb_run_record(run_dir: Path) -> dict:
     return next(rec["run"] for rec in map(json.loads, out.stdout.splitlines()) if rec.get("type") == "run")
 
 
+def kill_once_a_run_is_done(proc: subprocess.Popen, store_dir: Path, sweep: str, total: int) -> dict[str, str]:
+    """SIGKILL the driver as soon as a run.json lands; the run.json texts then in the store (some, not all)."""
+    deadline = time.monotonic() + 600
+    while not store.list_run_infos(store_dir, sweep) and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {p.parent.name: p.read_text() for p in (store_dir / sweep).glob("*/run.json")}
+    assert 1 <= len(before) < total, "the kill must land mid-sweep"
+    return before
+
+
+def assert_each_trial_completed_once(store_dir: Path, sweep: str, trials: list, before: dict[str, str]) -> None:
+    """Exactly one completed run per trial: none lost, none repeated, nothing partial, none finished rerun."""
+    folders = {p.name for p in (store_dir / sweep).iterdir() if p.is_dir()}
+    assert folders == {t.run_id for t in trials}
+    for t in trials:
+        files = {p.name for p in store.run_dir(store_dir, sweep, t.run_id).iterdir()}
+        assert files == {"config.yaml", "metrics.parquet", "run.json"}
+        assert json.loads((store.run_dir(store_dir, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
+    for run_id, text in before.items():  # runs finished before the kill were not run again
+        assert (store_dir / sweep / run_id / "run.json").read_text() == text
+
+
 def assert_no_ray_left(driver_pid: int) -> None:
     """The embedded Ray of that driver is gone: no folder, no process holding a file in it."""
     from geocont.sweep.session import EMBEDDED_ROOT, ray_processes
@@ -155,13 +179,7 @@ def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
     store_dir, sweep = tmp_path / "store", "killed"
     trials = expand(load_sweep(path))
     proc = geocont("launch", str(path), "--store", str(store_dir))
-    deadline = time.monotonic() + 600
-    while not store.list_run_infos(store_dir, sweep) and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.2)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = {p.parent.name: p.read_text() for p in (store_dir / sweep).glob("*/run.json")}
-    assert 1 <= len(before) < len(trials), "the kill must land mid-sweep"
+    before = kill_once_a_run_is_done(proc, store_dir, sweep, len(trials))
 
     resumed = geocont("resume", sweep, "--store", str(store_dir))
     code, out, err = finish(resumed)
@@ -170,15 +188,7 @@ def test_sigkill_of_the_driver_then_resume_finishes_exactly_once(tmp_path):
     # as done, but a run is never both "already in the store" and run again.
     ran, already = map(int, re.search(r"ran (\d+), (\d+) already in the store", out).groups())
     assert ran + already == len(trials) and already >= len(before)
-    # Exactly one completed run per trial; none lost, none repeated, nothing partial.
-    folders = {p.name for p in (store_dir / sweep).iterdir() if p.is_dir()}
-    assert folders == {t.run_id for t in trials}
-    for t in trials:
-        files = {p.name for p in store.run_dir(store_dir, sweep, t.run_id).iterdir()}
-        assert files == {"config.yaml", "metrics.parquet", "run.json"}
-        assert json.loads((store.run_dir(store_dir, sweep, t.run_id) / "run.json").read_text())["status"] == "completed"
-    for run_id, text in before.items():  # runs finished before the kill were not run again
-        assert (store_dir / sweep / run_id / "run.json").read_text() == text
+    assert_each_trial_completed_once(store_dir, sweep, trials, before)
     assert_no_ray_left(proc.pid)  # the killed driver's orphans were stopped by the resume
     assert_no_ray_left(resumed.pid)
 
