@@ -263,17 +263,24 @@ def per_step(hooks: dict, total_steps: int, g_cpu: float, extra_per_step: float)
     print(f"  {'Lightning and the rest':24s} {rest * 1e6:8.1f} us/step  (steady-state epoch minus the above)")
 
 
-def digits(cfg, timers: Timers, repeats: int) -> None:
-    """Whole run and steady-state epoch, plain vs geocont alternated, and the metrics' share."""
-    n = cfg.train.epochs
-    steps = steps_per_epoch(cfg)
+def alternated(cfg, timers: Timers, repeats: int, textbook: bool = False) -> list[tuple]:
+    """`repeats` pairs, the plain loop then geocont: (plain, [textbook,] geocont (wall, cpu), hooks, plain's
+    epoch times, geocont's epoch times). `textbook` adds a run of the plain loop with torch.optim.Adam's defaults."""
     pairs = []
     for _ in range(repeats):
         plain_epochs, ours_epochs = [], []
         plain = plain_loop(cfg, epoch_times=plain_epochs)
-        textbook = plain_loop(cfg, textbook_adam)
+        extra = (plain_loop(cfg, textbook_adam),) if textbook else ()
         g_wall, g_cpu, hooks = geocont_run(cfg, timers, ours_epochs)
-        pairs.append((plain, textbook, (g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
+        pairs.append((plain, *extra, (g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
+    return pairs
+
+
+def digits(cfg, timers: Timers, repeats: int) -> None:
+    """Whole run and steady-state epoch, plain vs geocont alternated, and the metrics' share."""
+    n = cfg.train.epochs
+    steps = steps_per_epoch(cfg)
+    pairs = alternated(cfg, timers, repeats, textbook=True)
     print(f"digits: {steps} steps an epoch, {n} epochs, one thread; load {os.getloadavg()[0]:.1f}")
     for i, (plain, textbook, ours, hooks, pe, ge) in enumerate(pairs, 1):
         metrics = hooks["metrics"][1] / ours[1]
@@ -291,12 +298,7 @@ def mnist(cfg, timers: Timers, repeats: int) -> None:
     """The steady-state epoch, plain vs geocont alternated in this process."""
     n = cfg.train.epochs
     steps = steps_per_epoch(cfg)
-    pairs = []
-    for _ in range(repeats):
-        plain_epochs, ours_epochs = [], []
-        plain = plain_loop(cfg, epoch_times=plain_epochs)
-        g_wall, g_cpu, hooks = geocont_run(cfg, timers, ours_epochs)
-        pairs.append((plain, (g_wall, g_cpu), hooks, plain_epochs, ours_epochs))
+    pairs = alternated(cfg, timers, repeats)
     print(f"mnist: {steps} steps an epoch, {n} epochs, one thread; load {os.getloadavg()[0]:.1f}")
     for i, (plain, ours, hooks, pe, ge) in enumerate(pairs, 1):
         (pw, pc), (gw, gc) = steady(pe), steady(ge)
