@@ -200,6 +200,9 @@ class PackedMonitor(pl.Callback):
         self.grad_views = {role: list(acc.unbind(1)) for role, acc in self.grad_sum.items()}
         self.grad_basis: dict[str, Tensor] = {}
         self.logged_init = False
+        # (K, 1, 1) view of the optimizer's active mask, which freeze() updates in place: looked up once,
+        # not through Lightning's optimizer wrapper on every step
+        self.active = pl_module.optimizers().optimizer.active.view(-1, 1, 1)
 
     @torch.no_grad()
     def on_after_backward(self, trainer: pl.Trainer, pl_module: PackedClassifier) -> None:
@@ -212,9 +215,8 @@ class PackedMonitor(pl.Callback):
                 member.log(values, trainer.global_step, trainer.current_epoch, flush=True)
         # A frozen member's slice of the gradient is NaN, not 0 (its loss left the sum, but 0 * inf = NaN
         # in the backward through its blown-up activations); it adds nothing, as its solo run stopped.
-        active = pl_module.optimizers().optimizer.active.view(-1, 1, 1)
         for role, ws in self.groups.items():
-            torch._foreach_add_(self.grad_views[role], [torch.where(active, w.grad.float(), 0.0) for w in ws])
+            torch._foreach_add_(self.grad_views[role], [torch.where(self.active, w.grad.float(), 0.0) for w in ws])
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: PackedClassifier) -> None:
         if not trainer.sanity_checking:
