@@ -80,6 +80,11 @@ CASES = [
     ),
     ("bad-tracking", "tracking: {wandb: {mode: loud}}\n", ["tracking.wandb.mode: got 'loud'"]),
     (
+        "pack-of-a-kind-without-packed-model",  # once found only inside the trial, for a kind set by an include
+        "include: [{model.kind: transformer, data.name: stdlib}]\nresources: {cpu: 1, pack: 2}\n",
+        ["resources.pack: 2, but model.kind 'transformer' has no packed model; allowed: 1"],
+    ),
+    (
         "search-unknown-distribution",
         "!search optim.lr: {type: gaussian, low: 0.001, high: 0.1}",
         ["search.space.optim.lr.type: got 'gaussian'", "'float', 'int' or 'categorical'"],

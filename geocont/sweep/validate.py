@@ -178,10 +178,16 @@ def resolved_problems(sweep: SweepConfig) -> list[str]:
 
 
 def _pack_problems(sweep: SweepConfig, base: RunConfig) -> list[str]:
-    kind = kinds.get(base.model.kind)
-    if sweep.resources.pack > 1 and kind.packed is None:
-        return [f"resources.pack: {sweep.resources.pack}, but model.kind '{kind.name}' has no packed model; allowed: 1"]
-    return []
+    """pack > 1 needs a packed model for every kind the sweep trains: the base's, and any a grid or include sets."""
+    if sweep.resources.pack == 1:
+        return []
+    named = [*sweep.grid.get("model.kind", []), *(row.get("model.kind") for row in sweep.include)]
+    used = dict.fromkeys([base.model.kind, *(k for k in named if k in kinds.names())])  # others: reported elsewhere
+    return [
+        f"resources.pack: {sweep.resources.pack}, but model.kind '{name}' has no packed model; allowed: 1"
+        for name in used
+        if kinds.get(name).packed is None
+    ]
 
 
 def _tracking_problems(sweep: SweepConfig) -> list[str]:
