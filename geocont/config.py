@@ -12,7 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, Field, SerializeAsAny, ValidationError, field_validator, model_validator
@@ -27,6 +27,10 @@ from geocont.kinds.transformer import TransformerConfig as TransformerConfig
 PRESET_DIR = Path(__file__).parent / "presets"
 IMAGE_SETS = ("digits", "mnist")
 TEXT_CORPORA = ("stdlib", "text", "wikitext103")
+
+
+Precision = Literal["32", "16-mixed", "bf16-mixed", "bf16-true"]
+PRECISIONS: tuple[str, ...] = get_args(Precision)
 
 
 class DataConfig(Strict):
@@ -61,7 +65,7 @@ class TrainConfig(Strict):
     seed: Int = Field(0, ge=0)
     max_steps: PositiveInt | None = None
     metrics_every_n_steps: PositiveInt | None = None
-    precision: Literal["32", "16-mixed", "bf16-mixed", "bf16-true"] = "32"
+    precision: Precision = "32"
     accelerator: Literal["auto", "cpu", "gpu", "cuda", "mps"] = "auto"
     grad_clip: PositiveFloat | None = None  # max global gradient norm per step; None: no clipping
 

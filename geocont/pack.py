@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from geocont import attempts, kinds, store
-from geocont.config import ConfigError, RunConfig
+from geocont.config import PRECISIONS, ConfigError, RunConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
-from geocont.train import LOG_EVERY_N_STEPS, RunResult, quiet_lightning, trainer_settings
+from geocont.train import LOG_EVERY_N_STEPS, STEPS_PER_CALL, RunResult, quiet_lightning, trainer_settings
 
 # Config fields that may differ inside a pack (dotted paths); everything else is the pack key.
 FREE_FIELDS = frozenset(
@@ -57,11 +57,25 @@ def _flatten(tree: dict, prefix: str, out: dict[str, object]) -> None:
             out[path] = tuple(value) if isinstance(value, list) else value  # hashable
 
 
+# fp16 loss scaling keeps one scale for the whole model and skips a step for everyone when any gradient
+# overflows: one member's overflow would stall the others. Packs train without a GradScaler.
+UNPACKABLE_PRECISIONS = ("16-mixed",)
+
+
+def precision_problem(precision: str) -> str:
+    allowed = ", ".join(p for p in PRECISIONS if p not in UNPACKABLE_PRECISIONS)
+    return (
+        f"train.precision: '{precision}' cannot be packed (fp16 loss scaling is per run); allowed in a pack: {allowed}"
+    )
+
+
 def pack_problems(cfgs: list[RunConfig]) -> list[str]:
     """Why these configs cannot train as one pack (empty when they can)."""
     kind = kinds.get(cfgs[0].model.kind)
     if kind.packed is None:
         return [f"resources.pack: model.kind '{kind.name}' has no packed model; allowed: pack 1 for it"]
+    if cfgs[0].train.precision in UNPACKABLE_PRECISIONS:
+        return [precision_problem(cfgs[0].train.precision)]
     if len({pack_key(c) for c in cfgs}) > 1:
         return ["resources.pack: these trials differ in more than seed, init_std and optimizer hyperparameters"]
     return []
@@ -139,6 +153,7 @@ class _PackSession:
     def run(
         self, plans: list, folders: list[Path], names: list[str | None], sweep: str
     ) -> list[tuple[str, str | None]]:
+        from geocont.data.batches import ChunkedData
         from geocont.lit.packed import Member, PackedData
         from geocont.lit.trackers import RunContext, RunTrackers
 
@@ -152,9 +167,10 @@ class _PackSession:
         monitor = None
         try:
             module, monitor = self._build()
-            trainer = self._trainer(monitor)
             data = PackedData(self.datamodules)
-            trainer.fit(module, datamodule=data)
+            chunk = self._chunk_size()
+            trainer = self._trainer(monitor, chunk)
+            trainer.fit(module, datamodule=ChunkedData(data, chunk) if chunk > 1 else data)
             self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
             if trainer.interrupted:
@@ -195,9 +211,17 @@ class _PackSession:
             member.loss_hooks.append(_spike_hook(member, spikes, module))
         return module, PackedMonitor()
 
-    def _trainer(self, monitor):
+    def _chunk_size(self) -> int:
+        """Steps per training_step call (train.py's chunks): the members' epochs are one length (pack_key)."""
+        from geocont.data.batches import chunk_size
+
+        train = self.cfgs[0].train
+        steps = len(self.datamodules[0].train_dataloader())
+        return chunk_size(STEPS_PER_CALL, steps, train.metrics_every_n_steps, train.max_steps)
+
+    def _trainer(self, monitor, chunk: int):
         return self.pl.Trainer(
-            **trainer_settings(self.cfgs[0].train, self.accelerator, self.progress),
+            **trainer_settings(self.cfgs[0].train, self.accelerator, self.progress, chunk),
             logger=False,  # each member logs to its own loggers (lit/packed.Member)
             callbacks=[monitor],
         )

@@ -59,6 +59,17 @@ def test_every_member_logs_what_its_solo_run_logs(tmp_path):
     assert metrics(packed[0])["value"].to_list() != metrics(packed[1])["value"].to_list()  # members differ
 
 
+@pytest.mark.parametrize("schedule", [{"metrics_every_n_steps": 6}, {"max_steps": 30}, {"epochs": 3}])
+def test_chunked_pack_steps_keep_the_solo_schedule(schedule, tmp_path):
+    # the pack, like a solo run, hands Lightning chunks of up to 32 steps (data.batches.Chunks): metrics
+    # events, validation and the last step must still fall where one batch per call puts them
+    cfgs = [member(0, **schedule), member(1, lr=2e-3, **schedule)]
+    packed = train_pack(cfgs, tmp_path, "pack", progress=False)
+    solo = [train(c, tmp_path, "solo", progress=False) for c in cfgs]
+    for p, s in zip(packed, solo):
+        assert_same_files(p, s)
+
+
 def test_per_member_gradient_clipping_is_the_solo_runs_clipping(tmp_path):
     cfgs = [member(0, grad_clip=0.05), member(1, lr=5e-3, grad_clip=0.05)]
     for p, s in zip(
@@ -88,6 +99,7 @@ def test_a_diverging_member_ends_diverged_at_its_last_finite_weights_while_the_o
     [
         ([resolve({"preset": "transformer-smoke"})] * 2, "model.kind 'transformer' has no packed model"),
         ([member(0), resolve({"model": {"depth": 3, "width": 32}})], "differ in more than seed"),
+        ([member(0, precision="16-mixed"), member(1, precision="16-mixed")], "'16-mixed' cannot be packed"),
     ],
 )
 def test_configs_that_cannot_share_a_pack_are_refused_before_any_file(cfgs, message, tmp_path):

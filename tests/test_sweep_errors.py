@@ -85,6 +85,11 @@ CASES = [
         ["resources.pack: 2, but model.kind 'transformer' has no packed model; allowed: 1"],
     ),
     (
+        "pack-under-fp16-loss-scaling",  # a GradScaler's one scale cannot serve K members
+        "grid: {train.precision: ['32', 16-mixed]}\nresources: {cpu: 1, pack: 2}\n",
+        ["train.precision: '16-mixed' cannot be packed (fp16 loss scaling is per run)", "allowed in a pack: 32, bf16"],
+    ),
+    (
         "search-unknown-distribution",
         "!search optim.lr: {type: gaussian, low: 0.001, high: 0.1}",
         ["search.space.optim.lr.type: got 'gaussian'", "'float', 'int' or 'categorical'"],

@@ -2,7 +2,10 @@
 
 When metrics are computed:
 - grad_init/*: once, from the first backward pass, before any optimizer step;
-- the cumulative gradient sum_t G_l(t): accumulated after every backward pass;
+- the cumulative gradient sum_t G_l(t): each layer's gradient is added the moment backward has produced it
+  (a hook on the parameter), while it is still in cache; under fp16 loss scaling (16-mixed) instead
+  just before the optimizer step, once the module has unscaled the gradients, and not at all for a step
+  the scaler skips;
 - weight/*, grad_cum/*, delta_gw/*, update_ratio: at the end of every validation run (every
   epoch, or every `train.metrics_every_n_steps` steps), and once more at the end of training
   whatever stopped it (train() runs a last validation, or calls `emit` directly for a diverged run).
@@ -12,6 +15,7 @@ The maths is in geocont.metrics; this file only decides when and where results g
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import pytorch_lightning as pl
 import torch
@@ -47,8 +51,19 @@ class GeometryMonitor(pl.Callback):
         the snapshot is of the cast weights (so update_ratio is 0 when no update survives rounding).
         Accumulators stay fp32 whatever the parameters' precision.
         """
-        if hasattr(self, "groups"):
-            return
+        if not hasattr(self, "groups"):
+            self._allocate(pl_module)
+        self.module = pl_module
+        self.scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 loss scaling, or None
+        self.hooks = []
+        if self.scaler is None:
+            self.hooks = [
+                w.register_post_accumulate_grad_hook(partial(self._add_grad, view))
+                for role, ws in self.groups.items()
+                for w, view in zip(ws, self.grad_views[role])
+            ]
+
+    def _allocate(self, pl_module: pl.LightningModule) -> None:
         self.groups: dict[str, list[nn.Parameter]] = pl_module.model.weight_groups()
         self.initial = {role: stack(ws) for role, ws in self.groups.items()}
         # One (L, m, n) accumulator per role, added to through per-layer views: no copy at metric time.
@@ -58,19 +73,44 @@ class GeometryMonitor(pl.Callback):
         self.grad_basis: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1 (a subspace)
         self.metrics_s = 0.0  # wall time spent computing geometry metrics (run.json's metrics_s)
 
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        for hook in self.hooks:  # a later backward through these weights (another fit) is not this run's
+            hook.remove()
+        self.hooks = []
+
     # -- every step -------------------------------------------------------------------------
     @torch.no_grad()
+    def _add_grad(self, view: Tensor, weight: nn.Parameter) -> None:
+        """One layer's gradient into the cumulative sum, as soon as backward has accumulated it."""
+        grad = weight.grad
+        stopped = getattr(self.module, "stopped", None)  # set when the step's checks are deferred (see GeoModule)
+        if stopped is not None:  # a step after a non-finite loss adds nothing (NaN * 0 is NaN: select)
+            grad = torch.where(stopped, 0.0, grad)
+        view.add_(grad)
+
+    @torch.no_grad()
     def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self.grad_init is None and self.scaler is None:
+            self._log_grad_init(trainer)
+
+    @torch.no_grad()
+    def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
+        """16-mixed only: the unscaled gradients (GeoModule unscaled them), unless the scaler skips this step."""
+        if self.scaler is None:
+            return
+        state = self.scaler._per_optimizer_states[id(optimizer)]  # what GradScaler.step reads: one source
+        skipped = sum(found.to(self.scaler._scale.device) for found in state["found_inf_per_device"].values()) > 0
         if self.grad_init is None:
-            with exact_float32():
-                self.grad_init = direction_metrics("grad_init", self._grad_stacks())
-            self._log(trainer, self.grad_init)
-        stopped = getattr(pl_module, "stopped", None)  # set when the step's checks are deferred (see GeoModule)
+            if bool(skipped):  # the weights are still W(0): the first step that is applied gives grad_init
+                return
+            self._log_grad_init(trainer)
         for role, ws in self.groups.items():
-            grads = [w.grad.float() for w in ws]
-            if stopped is not None:  # a step after a non-finite loss adds nothing (NaN * 0 is NaN: select)
-                grads = [torch.where(stopped, 0.0, g) for g in grads]
-            torch._foreach_add_(self.grad_views[role], grads)
+            torch._foreach_add_(self.grad_views[role], [torch.where(skipped, 0.0, w.grad.float()) for w in ws])
+
+    def _log_grad_init(self, trainer: pl.Trainer) -> None:
+        with exact_float32():
+            self.grad_init = direction_metrics("grad_init", self._grad_stacks())
+        self._log(trainer, self.grad_init)
 
     def _grad_stacks(self) -> dict[str, Tensor]:
         return {role: stack([w.grad for w in ws]) for role, ws in self.groups.items()}

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from geocont.config import OptimConfig
-from geocont.data.batches import Chunk
+from geocont.lit.chunked import ChunkedSteps
 from geocont.lit.loggers import log_to_loggers
 
 
@@ -38,7 +38,7 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
 LossHook = Callable[[int, float], None]
 
 
-class GeoModule(pl.LightningModule):
+class GeoModule(ChunkedSteps, pl.LightningModule):
     """Shared training logic; subclasses define `loss(batch)` and, for validation, `stats(output, batch)`.
 
     The step never waits for the device. Each step's loss stays on the device in a small buffer that
@@ -83,27 +83,11 @@ class GeoModule(pl.LightningModule):
         self.defer_checks = self.device.type == "cuda" or self.DEFER_ON_CPU
         self.losses = torch.empty(self.log_every_n_steps, device=self.device)
         self.loss_steps: list[int] = []  # global step (updates applied before it) of each buffered loss
+        # fp16 loss scaling (16-mixed): the step unscales the gradients itself, before anyone reads them
+        self.scaler = getattr(self.trainer.precision_plugin, "scaler", None)
         if self.defer_checks:
             self.stopped = torch.zeros((), dtype=torch.bool, device=self.device)
             self.found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
-
-    def training_step(self, batch, batch_idx: int) -> Tensor | None:
-        if not isinstance(batch, Chunk):
-            return self._step(batch, batch_idx)
-        # A chunk of consecutive batches (data.batches.Chunks): one optimizer step each, as if Lightning had
-        # handed them over one by one. Lightning counts the chunk as one batch; `_batches_that_stepped` (the
-        # step its own logging, val/loss, uses) is brought to where it would be after each earlier batch.
-        if batch_idx == 0:
-            self._epoch_batch = 0  # batches of this epoch so far: the step's batch_idx without chunks
-        loop, out = self.trainer.fit_loop.epoch_loop, None
-        for i, one in enumerate(batch):
-            if i:
-                loop._batches_that_stepped += 1
-            out = self._step(one, self._epoch_batch)
-            self._epoch_batch += 1
-            if self.trainer.should_stop or 0 <= self.trainer.max_steps <= self.trainer.global_step:
-                break  # where Lightning's loop would have stopped after this batch
-        return out
 
     def _step(self, batch, batch_idx: int) -> Tensor | None:
         """One optimizer step on one batch; `batch_idx` counts the epoch's batches."""
@@ -116,14 +100,27 @@ class GeoModule(pl.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         if self.defer_checks:
             self._raise_stop_flag(loss, optimizer.optimizer)
-        self.manual_backward(loss)  # the monitor's on_after_backward hook sees this step's gradients
-        if self.grad_clip is not None:
-            self.clip_gradients(optimizer, gradient_clip_val=self.grad_clip, gradient_clip_algorithm="norm")
-        optimizer.step()
+        self.manual_backward(loss)  # the monitor's hooks add this step's gradients as backward makes them
+        if self.scaler is not None:  # from here on the gradients are true-size (the monitor, clipping)
+            self._unscale(optimizer.optimizer)
+        optimizer.step()  # calls on_before_optimizer_step: the monitor's (16-mixed), then clipping below
         self._buffer_loss(step, loss)
         if batch_idx % self.log_every_n_steps == 0 or len(self.loss_steps) == self.log_every_n_steps:
             self.read_losses(log=batch_idx % self.log_every_n_steps == 0)
         return loss.detach()
+
+    def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        self.scaler.unscale_(optimizer)
+        if self.defer_checks:  # a non-finite loss skips the step the way the scaler's own inf check does
+            for found in self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+                torch.maximum(found, self.stopped.to(found), out=found)
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        # Lightning calls this after the callbacks' hook of the same name: the monitor sums unclipped gradients.
+        # Not Lightning's clip_gradients: under 16-mixed it refuses fused optimizers (they unscale inside
+        # their step), though the gradients are already unscaled here (_step).
+        if self.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters(), self.grad_clip)
 
     def _raise_stop_flag(self, loss: Tensor, optimizer: torch.optim.Optimizer) -> None:
         torch.logical_or(self.stopped, ~torch.isfinite(loss.detach()), out=self.stopped)
@@ -172,13 +169,6 @@ class GeoModule(pl.LightningModule):
         for name, value in self.stats(output, batch).items():
             self.log(name, value, on_epoch=True, prog_bar=True, batch_size=len(batch[0]))
         return loss
-
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int) -> tuple[Tensor, ...]:
-        # Batches are always (x, y) tensors, or a Chunk of them: skip Lightning's generic walk over arbitrary
-        # collections. Batches the data module already gathered on the device pass through untouched.
-        if isinstance(batch, Chunk):
-            return Chunk(tuple(t.to(device, non_blocking=True) for t in one) for one in batch)
-        return tuple(t.to(device, non_blocking=True) for t in batch)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return build_optimizer(self.model.parameters(), self.optim_cfg)

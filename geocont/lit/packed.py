@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from geocont.config import OptimConfig
 from geocont.data.packed import PackedBatches
+from geocont.lit.chunked import ChunkedSteps
 from geocont.lit.loggers import StoreLogger
 from geocont.metrics import packed as packed_metrics
 from geocont.metrics.geometry import delta_gw_metrics
@@ -62,7 +63,7 @@ class Member:
             self.store.flush()
 
 
-class PackedClassifier(pl.LightningModule):
+class PackedClassifier(ChunkedSteps, pl.LightningModule):
     def __init__(
         self,
         model: nn.Module,
@@ -91,7 +92,7 @@ class PackedClassifier(pl.LightningModule):
         self.loss_steps: list[int] = []
 
     # -- training ---------------------------------------------------------------------------
-    def training_step(self, batch, batch_idx: int) -> None:
+    def _step(self, batch, batch_idx: int) -> None:
         x, y = batch  # (K, B, ...), (K, B)
         step = self.trainer.global_step
         optimizer = self.optimizers()
@@ -170,9 +171,6 @@ class PackedClassifier(pl.LightningModule):
         for member, member_loss, member_acc in zip(self.members, loss, acc):
             if member.active:
                 member.log({"val/loss": member_loss, "val/acc": member_acc}, step, self.trainer.current_epoch)
-
-    def transfer_batch_to_device(self, batch, device: torch.device, dataloader_idx: int) -> tuple[Tensor, ...]:
-        return tuple(t.to(device, non_blocking=True) for t in batch)
 
 
 @torch.no_grad()

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from geocont import catalog, kinds
 from geocont.config import ConfigError, RunConfig, TrackingConfig, describe_errors, resolve
+from geocont.pack import UNPACKABLE_PRECISIONS, precision_problem
 from geocont.store import sweep_name_problem
 from geocont.sweep.grid import SEED_PATH, base_raw, coerced, format_value, get_dotted, to_tree, variants
 from geocont.sweep.spec import Resources, SearchConfig, SpaceParam, SweepConfig
@@ -183,11 +184,15 @@ def _pack_problems(sweep: SweepConfig, base: RunConfig) -> list[str]:
         return []
     named = [*sweep.grid.get("model.kind", []), *(row.get("model.kind") for row in sweep.include)]
     used = dict.fromkeys([base.model.kind, *(k for k in named if k in kinds.names())])  # others: reported elsewhere
-    return [
+    problems = [
         f"resources.pack: {sweep.resources.pack}, but model.kind '{name}' has no packed model; allowed: 1"
         for name in used
         if kinds.get(name).packed is None
     ]
+    precisions = [base.train.precision, *sweep.grid.get("train.precision", []),
+                  *(row.get("train.precision") for row in sweep.include)]  # fmt: skip
+    unpackable = dict.fromkeys(str(p) for p in precisions if str(p) in UNPACKABLE_PRECISIONS)
+    return problems + [precision_problem(p) for p in unpackable]
 
 
 def _tracking_problems(sweep: SweepConfig) -> list[str]:
