@@ -6,9 +6,13 @@ on the values). One training loop, three ways of running a step, rotated every `
 that a change in the machine's load hits all three alike:
 - none: zero_grad, backward, step (bench_train's plain loop);
 - after: the same, then every layer's gradient added into the accumulator after backward
-  (`torch._foreach_add_`: what GeometryMonitor.on_after_backward did before the hooks);
-- hooks: each layer's gradient added by a post-accumulate-grad hook the moment backward made it
-  (what GeometryMonitor does now).
+  (`torch._foreach_add_`: what GeometryMonitor.on_before_optimizer_step does);
+- hooks: each layer's gradient added by a post-accumulate-grad hook the moment backward made it,
+  while it is still in cache (the alternative; see below).
+
+Measured (2026-12, 2 shared cores, MNIST, five runs; extra us/step, after / hooks): 468 / 250,
+390 / 735, 466 / 317, 244 / -90, 254 / 544. The machine's neighbours move a step by 10-20 % between
+runs, so neither is reliably cheaper: geocont keeps the simpler one, one call after backward.
 Prints CPU ms per step (median over rounds) and each sum's extra cost over `none`: the median over
 rounds of that round's difference, per step and as a share of the step. The accumulators are the
 monitor's: one (L, m, n) fp32 tensor, per-layer views.

@@ -18,7 +18,7 @@ mnist (3 epochs): the two targets of the project,
 - whole processes (a fresh `geocont train paper-mlp` against a fresh plain-loop process that imports
   no Lightning): target <= 1.15, with start-up broken out (importing torch, importing Lightning, each
   process before its first step, and the training part alone); `--no-processes` skips them.
-Per step: the cumulative-gradient add (after each backward), the epoch-end metrics, the loss reads and
+Per step: the cumulative-gradient add (before each optimizer step), the epoch-end metrics, the loss reads and
 logging, and the rest (Lightning's loop, hooks, validation bookkeeping).
 
     python benchmarks/bench_train.py [--data digits|mnist] [--data-path DIR] [--epochs N] [--repeats R]
@@ -89,7 +89,7 @@ class Timers:
     """Adds up (wall, cpu) spent in named hooks of geocont's training step, by wrapping them."""
 
     HOOKS = {
-        "grad add": (callbacks.GeometryMonitor, "on_after_backward"),  # + grad_init, once
+        "grad add": (callbacks.GeometryMonitor, "on_before_optimizer_step"),  # + grad_init, once
         "metrics": (callbacks.GeometryMonitor, "emit"),
         "loss reads and logging": (module.GeoModule, "read_losses"),
     }

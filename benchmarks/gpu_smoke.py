@@ -113,7 +113,7 @@ RAY_TRIALS, RAY_GPU_SHARE, RAY_BUDGET_S = 4, 0.25, 90
 class MetricTimer:
     """Seconds spent in the geometry monitor's hooks: the fallback when run.json has no `metrics_s`."""
 
-    HOOKS = ("on_after_backward", "emit")
+    HOOKS = ("on_before_optimizer_step", "emit")
 
     def __init__(self):
         self.seconds = 0.0

@@ -1,11 +1,11 @@
 """GeometryMonitor: the thin Lightning callback that schedules the continuity metrics.
 
 When metrics are computed:
-- grad_init/*: once, from the first backward pass, before any optimizer step;
-- the cumulative gradient sum_t G_l(t): each layer's gradient is added the moment backward has produced it
-  (a hook on the parameter), while it is still in cache; under fp16 loss scaling (16-mixed) instead
-  just before the optimizer step, once the module has unscaled the gradients, and not at all for a step
-  the scaler skips;
+- grad_init/*: once, from the first step's gradients, before any update (under 16-mixed: the first
+  step the GradScaler applies; the weights are still W(0) until then);
+- the cumulative gradient sum_t G_l(t): every step just before the optimizer step (Lightning's
+  on_before_optimizer_step, after the module unscaled the gradients under 16-mixed and before it clips
+  them), nothing for a step that is not applied;
 - weight/*, grad_cum/*, delta_gw/*, update_ratio: at the end of every validation run (every
   epoch, or every `train.metrics_every_n_steps` steps), and once more at the end of training
   whatever stopped it (train() runs a last validation, or calls `emit` directly for a diverged run).
@@ -15,7 +15,6 @@ The maths is in geocont.metrics; this file only decides when and where results g
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import pytorch_lightning as pl
 import torch
@@ -53,15 +52,7 @@ class GeometryMonitor(pl.Callback):
         """
         if not hasattr(self, "groups"):
             self._allocate(pl_module)
-        self.module = pl_module
         self.scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 loss scaling, or None
-        self.hooks = []
-        if self.scaler is None:
-            self.hooks = [
-                w.register_post_accumulate_grad_hook(partial(self._add_grad, view))
-                for role, ws in self.groups.items()
-                for w, view in zip(ws, self.grad_views[role])
-            ]
 
     def _allocate(self, pl_module: pl.LightningModule) -> None:
         self.groups: dict[str, list[nn.Parameter]] = pl_module.model.weight_groups()
@@ -73,39 +64,27 @@ class GeometryMonitor(pl.Callback):
         self.grad_basis: dict[str, Tensor] = {}  # warm start for the cumulative gradient's v1 (a subspace)
         self.metrics_s = 0.0  # wall time spent computing geometry metrics (run.json's metrics_s)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        for hook in self.hooks:  # a later backward through these weights (another fit) is not this run's
-            hook.remove()
-        self.hooks = []
-
     # -- every step -------------------------------------------------------------------------
     @torch.no_grad()
-    def _add_grad(self, view: Tensor, weight: nn.Parameter) -> None:
-        """One layer's gradient into the cumulative sum, as soon as backward has accumulated it."""
-        grad = weight.grad
-        stopped = getattr(self.module, "stopped", None)  # set when the step's checks are deferred (see GeoModule)
-        if stopped is not None:  # a step after a non-finite loss adds nothing (NaN * 0 is NaN: select)
-            grad = torch.where(stopped, 0.0, grad)
-        view.add_(grad)
-
-    @torch.no_grad()
-    def on_after_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.grad_init is None and self.scaler is None:
-            self._log_grad_init(trainer)
-
-    @torch.no_grad()
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer) -> None:
-        """16-mixed only: the unscaled gradients (GeoModule unscaled them), unless the scaler skips this step."""
-        if self.scaler is None:
-            return
-        state = self.scaler._per_optimizer_states[id(optimizer)]  # what GradScaler.step reads: one source
-        skipped = sum(found.to(self.scaler._scale.device) for found in state["found_inf_per_device"].values()) > 0
+        """This step's gradients into the cumulative sum (true-size: GeoModule unscales them under 16-mixed)."""
+        skipped = self._skipped(pl_module, optimizer)  # None, or a device flag: this step is not applied
         if self.grad_init is None:
-            if bool(skipped):  # the weights are still W(0): the first step that is applied gives grad_init
+            if self.scaler is not None and bool(skipped):  # one sync a step, until the scale fits
                 return
             self._log_grad_init(trainer)
         for role, ws in self.groups.items():
-            torch._foreach_add_(self.grad_views[role], [torch.where(skipped, 0.0, w.grad.float()) for w in ws])
+            grads = [w.grad.float() for w in ws]
+            if skipped is not None:  # adds nothing then (NaN * 0 is NaN: select)
+                grads = [torch.where(skipped, 0.0, g) for g in grads]
+            torch._foreach_add_(self.grad_views[role], grads)
+
+    def _skipped(self, pl_module: pl.LightningModule, optimizer) -> Tensor | None:
+        if self.scaler is None:  # set when the module defers its loss checks to the device (see GeoModule)
+            return getattr(pl_module, "stopped", None)
+        # what GradScaler.step reads; GeoModule has ORed its non-finite-loss flag into it
+        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
+        return sum(f.to(self.scaler._scale.device) for f in found) > 0
 
     def _log_grad_init(self, trainer: pl.Trainer) -> None:
         with exact_float32():

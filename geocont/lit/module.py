@@ -100,10 +100,10 @@ class GeoModule(ChunkedSteps, pl.LightningModule):
         optimizer.zero_grad(set_to_none=True)
         if self.defer_checks:
             self._raise_stop_flag(loss, optimizer.optimizer)
-        self.manual_backward(loss)  # the monitor's hooks add this step's gradients as backward makes them
+        self.manual_backward(loss)
         if self.scaler is not None:  # from here on the gradients are true-size (the monitor, clipping)
             self._unscale(optimizer.optimizer)
-        optimizer.step()  # calls on_before_optimizer_step: the monitor's (16-mixed), then clipping below
+        optimizer.step()  # calls on_before_optimizer_step: the monitor's (it sums the gradients), then ours (clips)
         self._buffer_loss(step, loss)
         if batch_idx % self.log_every_n_steps == 0 or len(self.loss_steps) == self.log_every_n_steps:
             self.read_losses(log=batch_idx % self.log_every_n_steps == 0)
