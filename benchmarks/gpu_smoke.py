@@ -5,6 +5,8 @@ builds it (a preset plus dotted overrides), read back from the store (run.json, 
 
     mlp-fp32            the paper MLP (16 x 256) on MNIST, fp32
     mlp-bf16            the same, bf16-mixed
+    mlp-fp16            the same, 16-mixed (fp16 with a GradScaler), against the fp32 run on the CPU: Lightning
+                        has no fp16 autocast on a CPU
     transformer-smoke   the preset as it is (20 steps)
     paper-transformer   the paper's 33.7M model (BPE 8192, bf16-mixed) for 200 steps on the stdlib corpus
     ray                 4 paper-MLP trials at `resources: {cpu: 1, gpu: 0.25}` through `geocont sweep launch`
@@ -58,6 +60,7 @@ class Part:
     tol: float
     budget_s: float  # this part's share of the 8 minutes on an H200 (an estimate; the output says how it went)
     dry_sets: tuple[str, ...] = ()  # what the CPU dry run adds to keep it to seconds
+    cpu_sets: tuple[str, ...] = ()  # what a run on the CPU (the reference, every dry run) adds
 
 
 @dataclass
@@ -81,6 +84,9 @@ DRY_MLP = ("model.depth=4", "model.width=32")
 PARTS = {
     "mlp-fp32": Part("mlp-fp32", "paper-mlp", ("train.precision=32",), 1876, 100, 2e-3, 60, DRY_MLP),
     "mlp-bf16": Part("mlp-bf16", "paper-mlp", ("train.precision=bf16-mixed",), 1876, 100, 5e-2, 60, DRY_MLP),
+    "mlp-fp16": Part(
+        "mlp-fp16", "paper-mlp", ("train.precision=16-mixed",), 1876, 100, 5e-2, 60, DRY_MLP, ("train.precision=32",)
+    ),
     "transformer-smoke": Part("transformer-smoke", "transformer-smoke", (), 20, 20, 2e-3, 30),
     "paper-transformer": Part(
         "paper-transformer",
@@ -142,6 +148,8 @@ def config(part: Part, steps: int, accelerator: str, args: argparse.Namespace, t
         sets += ["data.name=mnist", f"data.path={args.mnist}"] if args.mnist else ["data.name=digits"]
     if args.dry:
         sets += part.dry_sets
+    if accelerator == "cpu":
+        sets += part.cpu_sets
     return resolve({"preset": part.preset}, parse_overrides(sets))
 
 
