@@ -15,6 +15,9 @@ and where geocont's extra time goes per step.
 
 mnist (3 epochs): the two targets of the project,
 - steady-state epoch (median over epochs 2..N, in this process): target <= 1.10;
+  `--interleaved` instead pairs epochs seconds apart: one geocont run of `--epochs` epochs with a plain
+  epoch run after each of its epochs, in the same process (this machine's neighbours move a whole run
+  by 10-20 % from one minute to the next; adjacent epochs see the same load);
 - whole processes (a fresh `geocont train paper-mlp` against a fresh plain-loop process that imports
   no Lightning): target <= 1.15, with start-up broken out (importing torch, importing Lightning, each
   process before its first step, and the training part alone); `--no-processes` skips them.
@@ -22,6 +25,7 @@ Per step: the cumulative-gradient add (before each optimizer step), the epoch-en
 logging, and the rest (Lightning's loop, hooks, validation bookkeeping).
 
     python benchmarks/bench_train.py [--data digits|mnist] [--data-path DIR] [--epochs N] [--repeats R]
+                                     [--interleaved]
 """
 
 from __future__ import annotations
@@ -312,6 +316,64 @@ def mnist(cfg, timers: Timers, repeats: int) -> None:
     per_step(hooks, n * steps, ours[1], (steady(ge)[1] - steady(pe)[1]) / steps)
 
 
+class PlainEpochs:
+    """plain_loop's model, optimizer and batches, trained one epoch (and its validation pass) per call."""
+
+    def __init__(self, cfg):
+        torch.manual_seed(cfg.train.seed)
+        dm = build_datamodule(cfg)
+        dm.setup()
+        self.model = build_model(cfg, in_features=dm.in_features, num_classes=dm.num_classes)
+        self.opt = build_optimizer(self.model.parameters(), cfg.optim)
+        self.train_batches, self.val_batches = dm.train_dataloader(), dm.val_dataloader()
+
+    def epoch(self) -> tuple[float, float]:
+        """(wall, cpu) s of one epoch. Grad mode forced on: it may run inside Lightning's validation loop."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.inference_mode(False), torch.enable_grad():
+            self.model.train()
+            for x, y in self.train_batches:
+                loss = F.cross_entropy(self.model(x), y)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                self.opt.step()
+        self.model.eval()
+        with torch.no_grad():
+            correct = sum((self.model(x).argmax(-1) == y).sum().item() for x, y in self.val_batches)
+        assert correct >= 0
+        return time.perf_counter() - t0, time.process_time() - c0
+
+
+def interleaved(cfg) -> None:
+    """One geocont run with one plain epoch run between each two of its epochs, in the same process.
+
+    Each geocont epoch (training, validation and its metrics, from one metrics event to the next) is paired
+    with the plain epoch right after it, seconds apart: the machine's load, which drifts over minutes, hits
+    both alike. The first geocont epoch (warm-up) is left out.
+    """
+    plain, marks, plain_times = PlainEpochs(cfg), [], []
+
+    def on_metrics(epoch: int, step: int, values: dict) -> None:
+        marks.append((time.perf_counter(), time.process_time()))  # geocont's epoch ends here
+        plain_times.append(plain.epoch())
+        marks.append((time.perf_counter(), time.process_time()))  # and its next one starts here
+
+    plain.epoch()  # warm-up, as geocont's first epoch
+    with tempfile.TemporaryDirectory() as store:
+        result = train(cfg, store, progress=False, on_metrics=on_metrics)
+    assert result.status == "completed", result.error
+    ours = [(b[0] - a[0], b[1] - a[1]) for a, b in zip(marks[1::2], marks[2::2])]  # epochs 2..N
+    pairs = list(zip(ours, plain_times[1:]))
+    print(f"mnist, interleaved: {steps_per_epoch(cfg)} steps an epoch, {cfg.train.epochs} geocont epochs with a plain "
+          f"epoch after each, one thread; load {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for k, ((gw, gc), (pw, pc)) in enumerate(pairs, 2):
+        print(f"  epoch {k}: plain {pc:6.2f} s cpu, geocont {gc:6.2f}: ratio wall {gw / pw:.3f} cpu {gc / pc:.3f}")
+    wall = statistics.median(g[0] / p[0] for g, p in pairs)
+    cpu = statistics.median(g[1] / p[1] for g, p in pairs)
+    print(f"steady-state epoch ratio (median of {len(pairs)} adjacent pairs) wall {wall:.3f}  cpu {cpu:.3f}"
+          "   (target <= 1.10)")  # fmt: skip
+
+
 def steps_per_epoch(cfg) -> int:
     dm = build_datamodule(cfg)
     dm.setup()
@@ -327,6 +389,9 @@ def main() -> None:
     parser.add_argument("--wandb", default="disabled", choices=["disabled", "offline"])
     parser.add_argument("--no-processes", action="store_true", help="MNIST: skip the whole-process comparison")
     parser.add_argument("--processes-only", action="store_true", help="MNIST: only the whole-process comparison")
+    parser.add_argument(
+        "--interleaved", action="store_true", help="MNIST: one geocont run with a plain epoch after each of its epochs"
+    )
     parser.add_argument("--plain-process", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--plain-out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -351,6 +416,9 @@ def main() -> None:
     geocont_run(resolve({"preset": "smoke", "tracking": {"wandb": {"mode": "disabled"}}}), timers)  # warm imports
     if args.data == "digits":
         digits(cfg, timers, args.repeats)
+        return
+    if args.interleaved:
+        interleaved(cfg)
         return
     mnist(cfg, timers, args.repeats)
     if not args.no_processes:
