@@ -100,6 +100,8 @@ def test_a_sweep_of_the_toy_kind_runs_on_ray_then_tabulates_and_reports(mixer, t
     report = build_report(root, "mixer")
     ids = [f.id for s in report.sections for f in s.figures]
     assert ids == ["mixer-projections", "mixer-delta-gw-heatmap", "mixer-training"]
+    roles = next(f for s in report.sections for f in s.figures if f.id == "mixer-projections")
+    assert "Gate" not in roles.caption  # the transformer's note on what its roles read and write is its own
     dashboard = sections(DashboardSpec("mixer", "mixer", ("model.activation",)).kind)
     assert [s.title for s in dashboard] == ["Continuity per role", "Accuracy and loss"]
     assert DashboardSpec("mixer", "mixer", ()).x_axis == "epoch"

@@ -56,6 +56,7 @@ class ModelKind:
     - `parameters`: about how many parameters a run config's network has (the memory preflight).
     - `norm_labels`: model.norm value -> its short name in variant labels.
     - `packed`: the batched network that trains K members as one (`resources.pack`), or None.
+    - `role_note`: what its roles read and write, for the report's per-role figure ("" for none).
     """
 
     name: str
@@ -71,6 +72,7 @@ class ModelKind:
     paper_table: str | None = None
     norm_labels: Mapping[str, str] = field(default_factory=dict)
     packed: str | None = None  # "module:Class" with from_members(solo networks), or None: no packed trials
+    role_note: str = ""
 
     def build_network(self, model: ModelSection, datamodule: Any):
         return _named(self.network)(model, datamodule)

@@ -78,4 +78,6 @@ TRANSFORMER = ModelKind(
     report=("role_continuity", "projection_heatmap", "delta_heatmap", "training"),
     paper_table="transformer",
     norm_labels={"rmsnorm": "Norm", "none": "NoNorm"},
+    role_note="Q, K, Gate and Up read the residual stream into a nonlinearity (v1); O and Down write into it (u1); "
+    "V has neither.",
 )

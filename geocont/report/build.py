@@ -232,8 +232,12 @@ def _continuity_roles(sweep: data.Sweep) -> Figure | None:
         sweep,
         "projections",
         "Per-projection weight continuity",
-        "v1 (input space) and u1 (output space) continuity of each projection role across layers. Q, K, Gate and "
-        "Up read the residual stream into a nonlinearity (v1); O and Down write into it (u1); V has neither.",
+        " ".join(
+            [
+                "v1 (input space) and u1 (output space) continuity of each weight role across layers.",
+                sweep.model_kind.role_note,
+            ]
+        ).strip(),  # fmt: skip
         names,
         columns=len(roles),
     )
