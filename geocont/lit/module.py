@@ -110,6 +110,8 @@ class GeoModule(ChunkedSteps, pl.LightningModule):
         return loss.detach()
 
     def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
+        if not getattr(optimizer, "_step_supports_amp_scaling", False):
+            return  # an unfused optimizer: Lightning unscales it itself before on_before_optimizer_step
         self.scaler.unscale_(optimizer)
         if self.defer_checks:  # a non-finite loss skips the step the way the scaler's own inf check does
             for found in self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
