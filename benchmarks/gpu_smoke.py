@@ -11,6 +11,11 @@ builds it (a preset plus dotted overrides), read back from the store (run.json, 
     paper-transformer   the paper's 33.7M model (BPE 8192, bf16-mixed) for 200 steps on the stdlib corpus
     ray                 4 paper-MLP trials at `resources: {cpu: 1, gpu: 0.25}` through `geocont sweep launch`
                         on an embedded Ray, against the mlp-fp32 run as the one-trial reference
+    pack                packed trials (`geocont.pack.train_pack`): K = 1, 8, 12, 32, 64 paper-MLP members on the
+                        workload of sweeps/mlp_full_grid.yaml (digits, 30 epochs = 720 steps, every metric every
+                        epoch), trial-steps/s for each K; the grid's wall time on one GPU extrapolated from its
+                        own packs (30 shapes x 12 members: init scale x beta2 x seeds); and a K = 2 pack on the
+                        GPU against each member's solo run on the CPU
 
 For each training part it prints steps/s of a timed run on the GPU, its peak GPU memory, the share of the run's
 wall time spent computing geometry metrics, and whether a short run of the same config (`match_steps`) ends at
@@ -85,7 +90,7 @@ PARTS = {
     "mlp-fp32": Part("mlp-fp32", "paper-mlp", ("train.precision=32",), 1876, 100, 2e-3, 60, DRY_MLP),
     "mlp-bf16": Part("mlp-bf16", "paper-mlp", ("train.precision=bf16-mixed",), 1876, 100, 5e-2, 60, DRY_MLP),
     "mlp-fp16": Part(
-        "mlp-fp16", "paper-mlp", ("train.precision=16-mixed",), 1876, 100, 5e-2, 60, DRY_MLP, ("train.precision=32",)
+        "mlp-fp16", "paper-mlp", ("train.precision=16-mixed",), 938, 100, 5e-2, 30, DRY_MLP, ("train.precision=32",)
     ),
     "transformer-smoke": Part("transformer-smoke", "transformer-smoke", (), 20, 20, 2e-3, 30),
     "paper-transformer": Part(
@@ -289,10 +294,88 @@ def report(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------------------------
+# Packed trials: K members as one batched model on one GPU
+
+PACK_KS = (1, 8, 12, 32, 64)  # 12: a pack of sweeps/mlp_full_grid.yaml (its free fields per shape)
+GRID_TRIALS, GRID_PACKS, GRID_STEPS = 360, 30, 720  # mlp_full_grid: 2 x 5 x 3 shapes, 12 members each, 30 x 24
+PACK_BUDGET_S = 120
+
+
+def pack_members(K: int, steps: int, accelerator: str, args: argparse.Namespace) -> list:
+    """K grid-like members of one shape: seeds, init scales and learning rates differ (all free in a pack)."""
+    sets = [*NO_TRACKING, f"train.max_steps={steps}", f"train.accelerator={accelerator}", "data.name=digits"]
+    if args.dry:
+        sets += DRY_MLP
+    return [
+        resolve(
+            {"preset": "paper-mlp"},
+            parse_overrides(
+                [
+                    *sets,
+                    f"train.seed={k}",
+                    f"optim.lr={1e-3 * (1 + k % 4)}",
+                    f"model.init_std={'1.0e-4' if k % 2 else 'null'}",
+                ]
+            ),  # fmt: skip
+        )
+        for k in range(K)
+    ]
+
+
+def pack_part(args: argparse.Namespace, scratch: Path) -> Outcome:
+    from geocont.pack import train_pack
+
+    gpu = "cpu" if args.dry else "cuda"
+    steps = args.dry_steps if args.dry else GRID_STEPS
+    out, rates = Outcome("pack", device=gpu), {}
+    for K in (1, 2) if args.dry else PACK_KS:
+        results = train_pack(pack_members(K, steps, gpu, args), scratch / f"k{K}", "gpu-smoke-pack")
+        if any(r.status != "completed" for r in results):
+            raise RuntimeError(f"K={K}: {[r.status for r in results]}")
+        info = store.read_run_info(scratch / f"k{K}", "gpu-smoke-pack", results[0].run_id) or {}
+        seconds = max(float(info["duration_s"]), 1e-3)  # run.json rounds to the millisecond
+        rates[K] = K * int(info["steps"]) / seconds  # the pack's steps, K trial-steps each
+        out.notes.append(f"K={K:2d}: {rates[K]:8.1f} trial-steps/s ({float(info['duration_s']):.1f} s a pack)")
+    best = max(rates, key=rates.get)
+    out.steps, out.steps_per_s = steps, rates[best]
+    if not args.dry:
+        out.gpu_peak_mib = torch.cuda.max_memory_allocated() / 2**20
+    grid_min = GRID_PACKS * 12 * GRID_STEPS / rates.get(12, rates[best]) / 60
+    solo_min = GRID_TRIALS * GRID_STEPS / rates[1] / 60
+    out.notes.append(
+        f"sweeps/mlp_full_grid.yaml ({GRID_TRIALS} trials as {GRID_PACKS} packs of 12), one pack after another "
+        f"on this GPU: ~{grid_min:.1f} min; one trial after another (K=1): ~{solo_min:.1f} min"
+    )
+    out.match, out.compared, out.worst = pack_matches_solo(args, gpu, scratch)
+    out.notes.append("a K=2 pack on the GPU against each member's solo run on the CPU, tol 0.002")
+    return out
+
+
+def pack_matches_solo(args: argparse.Namespace, gpu: str, scratch: Path) -> tuple[bool, int, str]:
+    """Each member of a K=2 pack trained on the GPU against its solo run on the CPU (compare's rule)."""
+    from geocont.pack import train_pack
+
+    members = pack_members(2, args.dry_steps if args.dry else 100, gpu, args)
+    packed = train_pack(members, scratch / "match-gpu", "gpu-smoke-pack")
+    outcomes = []
+    for cfg, result in zip(members, packed):
+        on_cpu = cfg.model_copy(update={"train": cfg.train.model_copy(update={"accelerator": "cpu"})})
+        solo = train(on_cpu, scratch / "match-cpu", sweep="gpu-smoke-pack", progress=False)
+        outcomes.append(compare(dict(result.final), dict(solo.final), 2e-3))
+    failed = [o for o in outcomes if not o[0]]
+    return not failed, sum(o[1] for o in outcomes), (failed or outcomes)[0][2]
+
+
+EXTRA_PARTS = {"ray": (ray_part, RAY_BUDGET_S), "pack": (pack_part, PACK_BUDGET_S)}  # name -> (run, budget s)
+# Most needed first: --json is rewritten after every part, so a run cut short by its time limit keeps these.
+DEFAULT_ORDER = ("mlp-fp32", "pack", "mlp-fp16", "mlp-bf16", "ray", "transformer-smoke", "paper-transformer")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mnist", help="folder of MNIST's IDX files (.gz); without it the MLP parts use digits")
-    parser.add_argument("--parts", default=",".join([*PARTS, "ray"]), help="comma-separated parts to run")
+    parser.add_argument("--parts", default=",".join(DEFAULT_ORDER), help="comma-separated parts to run")
     parser.add_argument("--json", type=Path, help="write the results here after every part")
     parser.add_argument("--dry-steps", type=int, default=12, help="steps of every run in the CPU dry run")
     args = parser.parse_args(argv)
@@ -301,9 +384,9 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_smoke: no CUDA device; set GPU_SMOKE_ALLOW_CPU=1 for the CPU dry run", file=sys.stderr)
         return 2
     names = [n.strip() for n in args.parts.split(",") if n.strip()]
-    unknown = set(names) - {*PARTS, "ray"}
+    unknown = set(names) - {*PARTS, *EXTRA_PARTS}
     if unknown:
-        parser.error(f"unknown parts {sorted(unknown)}; choose from {[*PARTS, 'ray']}")
+        parser.error(f"unknown parts {sorted(unknown)}; choose from {[*PARTS, *EXTRA_PARTS]}")
     if args.dry:
         print(f"gpu_smoke: CPU dry run ({args.dry_steps} steps a run, shrunken configs): plumbing, not timings")
     else:
@@ -316,11 +399,14 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             folder = Path(scratch) / name
             try:
-                outcome = ray_part(args, folder) if name == "ray" else training_part(PARTS[name], args, timer, folder)
+                if name in EXTRA_PARTS:
+                    outcome = EXTRA_PARTS[name][0](args, folder)
+                else:
+                    outcome = training_part(PARTS[name], args, timer, folder)
             except Exception as err:  # one broken part must not hide the others' numbers
                 outcome, status = Outcome(name, notes=[f"FAILED: {type(err).__name__}: {err}"[:2000]]), 1
             took = time.perf_counter() - t0
-            budget = RAY_BUDGET_S if name == "ray" else PARTS[name].budget_s
+            budget = EXTRA_PARTS[name][1] if name in EXTRA_PARTS else PARTS[name].budget_s
             over = "" if took <= budget or args.dry else "  OVER BUDGET"
             outcome.notes.append(f"part took {took:.1f} s of its {budget:.0f} s budget{over}")
             outcomes.append(outcome)

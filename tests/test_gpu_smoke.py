@@ -54,6 +54,18 @@ def test_cpu_dry_run_end_to_end(tmp_path, monkeypatch, capsys):
     assert "CPU dry run" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the dry run is what a machine without a GPU runs")
+def test_cpu_dry_run_of_the_pack_and_fp16_parts(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_SMOKE_ALLOW_CPU", "1")
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "smoke.json"
+    assert smoke.main(["--parts", "pack,mlp-fp16", "--dry-steps", "4", "--json", str(out)]) == 0
+    pack, fp16 = json.loads(out.read_text())
+    assert pack["part"] == "pack" and pack["match"] is True and pack["compared"] > 10  # both members, vs solo
+    assert any("trial-steps/s" in n for n in pack["notes"]) and any("mlp_full_grid" in n for n in pack["notes"])
+    assert fp16["part"] == "mlp-fp16" and fp16["match"] is True  # on a CPU both runs are fp32
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_transformer_smoke_on_the_gpu_matches_the_cpu(tmp_path, monkeypatch):
