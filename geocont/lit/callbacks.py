@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from geocont.lit.loggers import log_to_loggers
+from geocont.lit.module import found_inf, loss_scaler
 from geocont.metrics.geometry import delta_gw_metrics, direction_metrics, weight_metrics
 from geocont.metrics.spectral import exact_float32
 
@@ -52,7 +53,7 @@ class GeometryMonitor(pl.Callback):
         """
         if not hasattr(self, "groups"):
             self._allocate(pl_module)
-        self.scaler = getattr(trainer.precision_plugin, "scaler", None)  # fp16 loss scaling, or None
+        self.scaler = loss_scaler(trainer)
 
     def _allocate(self, pl_module: pl.LightningModule) -> None:
         self.groups: dict[str, list[nn.Parameter]] = pl_module.model.weight_groups()
@@ -83,8 +84,7 @@ class GeometryMonitor(pl.Callback):
         if self.scaler is None:  # set when the module defers its loss checks to the device (see GeoModule)
             return getattr(pl_module, "stopped", None)
         # what GradScaler.step reads; GeoModule has ORed its non-finite-loss flag into it
-        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values()
-        return sum(f.to(self.scaler._scale.device) for f in found) > 0
+        return sum(flag.to(self.scaler._scale.device) for flag in found_inf(self.scaler, optimizer)) > 0
 
     def _log_grad_init(self, trainer: pl.Trainer) -> None:
         with exact_float32():

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import pytorch_lightning as pl
 import torch
 import torch.nn.functional as F
+from lightning_fabric.plugins.precision.amp import _optimizer_handles_unscaling
 from torch import Tensor, nn
 
 from geocont.config import OptimConfig
@@ -33,6 +34,16 @@ def build_optimizer(params, cfg: OptimConfig) -> torch.optim.Optimizer:
     return kind(
         params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay, fused=fused
     )
+
+
+def loss_scaler(trainer: pl.Trainer) -> torch.amp.GradScaler | None:
+    """The GradScaler of fp16 loss scaling (precision 16-mixed), or None."""
+    return getattr(trainer.precision_plugin, "scaler", None)
+
+
+def found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> list[Tensor]:
+    """The per-device overflow flags of this step, which GradScaler.step reads (set by unscale_)."""
+    return list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
 
 
 LossHook = Callable[[int, float], None]
@@ -84,7 +95,7 @@ class GeoModule(ChunkedSteps, pl.LightningModule):
         self.losses = torch.empty(self.log_every_n_steps, device=self.device)
         self.loss_steps: list[int] = []  # global step (updates applied before it) of each buffered loss
         # fp16 loss scaling (16-mixed): the step unscales the gradients itself, before anyone reads them
-        self.scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        self.scaler = loss_scaler(self.trainer)
         if self.defer_checks:
             self.stopped = torch.zeros((), dtype=torch.bool, device=self.device)
             self.found_inf = torch.zeros((), dtype=torch.float32, device=self.device)
@@ -110,12 +121,12 @@ class GeoModule(ChunkedSteps, pl.LightningModule):
         return loss.detach()
 
     def _unscale(self, optimizer: torch.optim.Optimizer) -> None:
-        if not getattr(optimizer, "_step_supports_amp_scaling", False):
-            return  # an unfused optimizer: Lightning unscales it itself before on_before_optimizer_step
+        if not _optimizer_handles_unscaling(optimizer):
+            return  # Lightning unscales this one itself, before on_before_optimizer_step (its own test)
         self.scaler.unscale_(optimizer)
         if self.defer_checks:  # a non-finite loss skips the step the way the scaler's own inf check does
-            for found in self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
-                torch.maximum(found, self.stopped.to(found), out=found)
+            for flag in found_inf(self.scaler, optimizer):
+                torch.maximum(flag, self.stopped.to(flag), out=flag)
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
         # Lightning calls this after the callbacks' hook of the same name: the monitor sums unclipped gradients.
