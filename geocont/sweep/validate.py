@@ -182,17 +182,20 @@ def _pack_problems(sweep: SweepConfig, base: RunConfig) -> list[str]:
     """pack > 1 needs a packed model for every kind the sweep trains: the base's, and any a grid or include sets."""
     if sweep.resources.pack == 1:
         return []
-    named = [*sweep.grid.get("model.kind", []), *(row.get("model.kind") for row in sweep.include)]
-    used = dict.fromkeys([base.model.kind, *(k for k in named if k in kinds.names())])  # others: reported elsewhere
+    used = [k for k in _swept(sweep, "model.kind", base.model.kind) if k in kinds.names()]  # others: reported elsewhere
     problems = [
         f"resources.pack: {sweep.resources.pack}, but model.kind '{name}' has no packed model; allowed: 1"
         for name in used
         if kinds.get(name).packed is None
     ]
-    precisions = [base.train.precision, *sweep.grid.get("train.precision", []),
-                  *(row.get("train.precision") for row in sweep.include)]  # fmt: skip
-    unpackable = dict.fromkeys(str(p) for p in precisions if str(p) in UNPACKABLE_PRECISIONS)
-    return problems + [precision_problem(p) for p in unpackable]
+    precisions = _swept(sweep, "train.precision", base.train.precision)
+    return problems + [precision_problem(p) for p in precisions if p in UNPACKABLE_PRECISIONS]
+
+
+def _swept(sweep: SweepConfig, path: str, base_value: Any) -> list[str]:
+    """Every value the sweep's trials take at `path`: the base's, a grid axis's, the include rows' (once each)."""
+    values = [base_value, *sweep.grid.get(path, []), *(row.get(path) for row in sweep.include)]
+    return list(dict.fromkeys(str(v) for v in values if v is not None))
 
 
 def _tracking_problems(sweep: SweepConfig) -> list[str]:
