@@ -19,7 +19,7 @@ from geocont import attempts, kinds, store
 from geocont.config import PRECISIONS, ConfigError, RunConfig
 from geocont.datafiles import fingerprint
 from geocont.metrics.spikes import SpikeDetector
-from geocont.train import LOG_EVERY_N_STEPS, STEPS_PER_CALL, RunResult, quiet_lightning, trainer_settings
+from geocont.train import LOG_EVERY_N_STEPS, RunResult, chunked, quiet_lightning, trainer_settings
 
 # Config fields that may differ inside a pack (dotted paths); everything else is the pack key.
 FREE_FIELDS = frozenset(
@@ -153,7 +153,6 @@ class _PackSession:
     def run(
         self, plans: list, folders: list[Path], names: list[str | None], sweep: str
     ) -> list[tuple[str, str | None]]:
-        from geocont.data.batches import ChunkedData
         from geocont.lit.packed import Member, PackedData
         from geocont.lit.trackers import RunContext, RunTrackers
 
@@ -168,9 +167,9 @@ class _PackSession:
         try:
             module, monitor = self._build()
             data = PackedData(self.datamodules)
-            chunk = self._chunk_size()
+            training_data, chunk = chunked(data, self.cfgs[0].train)  # the members share their schedule (pack_key)
             trainer = self._trainer(monitor, chunk)
-            trainer.fit(module, datamodule=ChunkedData(data, chunk) if chunk > 1 else data)
+            trainer.fit(module, datamodule=training_data)
             self.device = str(trainer.strategy.root_device)
             self.steps, self.epochs = trainer.global_step, trainer.current_epoch
             if trainer.interrupted:
@@ -210,14 +209,6 @@ class _PackSession:
         for member, spikes in zip(self.members, self.spikes):
             member.loss_hooks.append(_spike_hook(member, spikes, module))
         return module, PackedMonitor()
-
-    def _chunk_size(self) -> int:
-        """Steps per training_step call (train.py's chunks): the members' epochs are one length (pack_key)."""
-        from geocont.data.batches import chunk_size
-
-        train = self.cfgs[0].train
-        steps = len(self.datamodules[0].train_dataloader())
-        return chunk_size(STEPS_PER_CALL, steps, train.metrics_every_n_steps, train.max_steps)
 
     def _trainer(self, monitor, chunk: int):
         return self.pl.Trainer(

@@ -121,7 +121,7 @@ class _Session:
             self.pl.seed_everything(self.cfg.train.seed, verbose=False)
             datamodule = self.datamodule
             module, monitor = self._build()
-            training_data, chunk = self._training_data()
+            training_data, chunk = chunked(self.datamodule, self.cfg.train)
             trainer = self._trainer(self._callbacks(monitor), chunk)
             trainer.fit(module, datamodule=training_data)
             self.device = str(trainer.strategy.root_device)
@@ -168,15 +168,6 @@ class _Session:
         # the monitor first: the progress hook then reports this event's geometry values
         return [monitor] + ([ProgressHook(self.on_metrics, self.trackers.store)] if self.on_metrics else [])
 
-    def _training_data(self):
-        """The data module for fit, its training batches in chunks of several steps (Chunks), and the chunk size."""
-        from geocont.data.batches import ChunkedData, chunk_size
-
-        cfg = self.cfg.train
-        steps = len(self.datamodule.train_dataloader())
-        size = chunk_size(STEPS_PER_CALL, steps, cfg.metrics_every_n_steps, cfg.max_steps)
-        return (ChunkedData(self.datamodule, size) if size > 1 else self.datamodule), size
-
     def _trainer(self, callbacks: list, chunk: int = 1):
         return self.pl.Trainer(
             **trainer_settings(self.cfg.train, self.accelerator, self.progress, chunk),
@@ -185,6 +176,18 @@ class _Session:
             log_every_n_steps=LOG_EVERY_N_STEPS,
             default_root_dir=str(self.folder),
         )
+
+
+def chunked(datamodule, cfg: TrainConfig) -> tuple[Any, int]:
+    """`datamodule` for fit with its training batches in chunks of several steps (Chunks), and the chunk size.
+
+    A lone run and a pack share it: the size is the largest that keeps Lightning's schedule exact.
+    """
+    from geocont.data.batches import ChunkedData, chunk_size
+
+    steps = len(datamodule.train_dataloader())
+    size = chunk_size(STEPS_PER_CALL, steps, cfg.metrics_every_n_steps, cfg.max_steps)
+    return (ChunkedData(datamodule, size) if size > 1 else datamodule), size
 
 
 def trainer_settings(cfg: TrainConfig, accelerator: str, progress: bool, chunk: int = 1) -> dict[str, Any]:
