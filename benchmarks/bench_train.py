@@ -65,28 +65,41 @@ def plain_loop(cfg, make_optimizer=build_optimizer, epoch_times: list | None = N
 
     `epoch_times`, when given, receives (wall, cpu) of each epoch (training and its validation pass).
     """
-    torch.manual_seed(cfg.train.seed)
-    dm = build_datamodule(cfg)
-    dm.setup()
-    model = build_model(cfg, in_features=dm.in_features, num_classes=dm.num_classes)
-    opt = make_optimizer(model.parameters(), cfg.optim)
-    train_batches, val_batches = dm.train_dataloader(), dm.val_dataloader()
+    plain = PlainEpochs(cfg, make_optimizer)
     t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(cfg.train.epochs):
-        e0, ec0 = time.perf_counter(), time.process_time()
-        model.train()
-        for x, y in train_batches:
-            loss = F.cross_entropy(model(x), y)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        model.eval()
-        with torch.no_grad():
-            correct = sum((model(x).argmax(-1) == y).sum().item() for x, y in val_batches)
+        times = plain.epoch()
         if epoch_times is not None:
-            epoch_times.append((time.perf_counter() - e0, time.process_time() - ec0))
-    assert correct >= 0
+            epoch_times.append(times)
     return time.perf_counter() - t0, time.process_time() - c0
+
+
+class PlainEpochs:
+    """The plain loop's model, optimizer and batches, trained one epoch (and its validation pass) per call."""
+
+    def __init__(self, cfg, make_optimizer=build_optimizer):
+        torch.manual_seed(cfg.train.seed)
+        dm = build_datamodule(cfg)
+        dm.setup()
+        self.model = build_model(cfg, in_features=dm.in_features, num_classes=dm.num_classes)
+        self.opt = make_optimizer(self.model.parameters(), cfg.optim)
+        self.train_batches, self.val_batches = dm.train_dataloader(), dm.val_dataloader()
+
+    def epoch(self) -> tuple[float, float]:
+        """(wall, cpu) s of one epoch. Grad mode forced on: it may run inside Lightning's validation loop."""
+        t0, c0 = time.perf_counter(), time.process_time()
+        with torch.inference_mode(False), torch.enable_grad():
+            self.model.train()
+            for x, y in self.train_batches:
+                loss = F.cross_entropy(self.model(x), y)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                self.opt.step()
+        self.model.eval()
+        with torch.no_grad():
+            correct = sum((self.model(x).argmax(-1) == y).sum().item() for x, y in self.val_batches)
+        assert correct >= 0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
 class Timers:
@@ -314,34 +327,6 @@ def mnist(cfg, timers: Timers, repeats: int) -> None:
     plain, ours, hooks, pe, ge = min(pairs, key=lambda p: steady(p[4])[1])
     print(f"per step (cpu, us), the fastest geocont run: plain {steady(pe)[1] / steps * 1e6:.0f}; geocont's extra:")
     per_step(hooks, n * steps, ours[1], (steady(ge)[1] - steady(pe)[1]) / steps)
-
-
-class PlainEpochs:
-    """plain_loop's model, optimizer and batches, trained one epoch (and its validation pass) per call."""
-
-    def __init__(self, cfg):
-        torch.manual_seed(cfg.train.seed)
-        dm = build_datamodule(cfg)
-        dm.setup()
-        self.model = build_model(cfg, in_features=dm.in_features, num_classes=dm.num_classes)
-        self.opt = build_optimizer(self.model.parameters(), cfg.optim)
-        self.train_batches, self.val_batches = dm.train_dataloader(), dm.val_dataloader()
-
-    def epoch(self) -> tuple[float, float]:
-        """(wall, cpu) s of one epoch. Grad mode forced on: it may run inside Lightning's validation loop."""
-        t0, c0 = time.perf_counter(), time.process_time()
-        with torch.inference_mode(False), torch.enable_grad():
-            self.model.train()
-            for x, y in self.train_batches:
-                loss = F.cross_entropy(self.model(x), y)
-                self.opt.zero_grad(set_to_none=True)
-                loss.backward()
-                self.opt.step()
-        self.model.eval()
-        with torch.no_grad():
-            correct = sum((self.model(x).argmax(-1) == y).sum().item() for x, y in self.val_batches)
-        assert correct >= 0
-        return time.perf_counter() - t0, time.process_time() - c0
 
 
 def interleaved(cfg) -> None:
