@@ -23,31 +23,31 @@ monitor's: one (L, m, n) fp32 tensor, per-layer views.
 from __future__ import annotations
 
 import argparse
-import gzip
+import itertools
 import statistics
 import time
 from functools import partial
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from geocont.config import RunConfig
+from geocont.data import build_datamodule
 from geocont.lit.module import build_optimizer
 from geocont.models import build_model
 
 MODES = ("none", "after", "hooks")
 
 
-def mnist_images(path: Path) -> torch.Tensor:
-    raw = gzip.open(path / "train-images-idx3-ubyte.gz").read()[16:]
-    return torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(-1, 784).float() / 255
-
-
-def batches(data_path: str | None, n: int, batch: int = 64):
+def batches(data_path: str | None, n: int, batch: int = 64) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """n training batches: MNIST's through geocont's own loader, or random MNIST-shaped ones."""
+    if data_path:
+        cfg = RunConfig.model_validate({"data": {"name": "mnist", "path": data_path}, "train": {"batch_size": batch}})
+        dm = build_datamodule(cfg)
+        dm.setup("fit")
+        return list(itertools.islice(dm.train_dataloader(), n))
     gen = torch.Generator().manual_seed(0)
-    x = mnist_images(Path(data_path))[: n * batch] if data_path else torch.rand(n * batch, 784, generator=gen)
-    y = torch.randint(0, 10, (len(x),), generator=gen)
+    x, y = torch.rand(n * batch, 784, generator=gen), torch.randint(0, 10, (n * batch,), generator=gen)
     return [(x[i : i + batch], y[i : i + batch]) for i in range(0, len(x), batch)]
 
 
