@@ -47,6 +47,7 @@ import torch
 from geocont import store
 from geocont.config import parse_overrides, resolve
 from geocont.lit import callbacks
+from geocont.pack import train_pack
 from geocont.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -324,8 +325,6 @@ def pack_members(K: int, steps: int, accelerator: str, args: argparse.Namespace)
 
 
 def pack_part(args: argparse.Namespace, scratch: Path) -> Outcome:
-    from geocont.pack import train_pack
-
     gpu = "cpu" if args.dry else "cuda"
     steps = args.dry_steps if args.dry else GRID_STEPS
     out, rates = Outcome("pack", device=gpu), {}
@@ -354,8 +353,6 @@ def pack_part(args: argparse.Namespace, scratch: Path) -> Outcome:
 
 def pack_matches_solo(args: argparse.Namespace, gpu: str, scratch: Path) -> tuple[bool, int, str]:
     """Each member of a K=2 pack trained on the GPU against its solo run on the CPU (compare's rule)."""
-    from geocont.pack import train_pack
-
     members = pack_members(2, args.dry_steps if args.dry else 100, gpu, args)
     packed = train_pack(members, scratch / "match-gpu", "gpu-smoke-pack")
     outcomes = []
