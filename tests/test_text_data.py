@@ -139,9 +139,12 @@ def test_bpe_round_trips_and_separates_files(tmp_path, cache):
     ],
     ids=["missing-folder", "bpe-vocab-too-small"],
 )
-def test_bad_input_is_a_config_error(kw, message):
+def test_bad_input_is_a_config_error(kw, message, tmp_path):
+    # a folder of its own: the checks walk it, and a shared /tmp changes under the walk (other processes)
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("x" * 100)
     with pytest.raises(ConfigError) as err:
-        TextDataModule(DataConfig(**{"name": "text", "path": "/tmp", **kw}), 4, 0)
+        TextDataModule(DataConfig(**{"name": "text", "path": str(tmp_path), **kw}), 4, 0)
     assert message in str(err.value)
 
 
